@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The project's test command (see README): installs what the tests need, starts a
+# local S3 server (moto), then runs rustfmt, clippy and the whole cargo test suite.
+# Extra arguments go to `cargo test`, e.g. `bash scripts/test.sh store::`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CKPTFS_ROOT="$PWD"
+# shellcheck source=scripts/lib/moto.sh
+source scripts/lib/moto.sh
+
+# FUSE tests mount under .tmp/; lazily unmount whatever a crashed test left there.
+unmount_leftovers() {
+    [ -r /proc/self/mountinfo ] || return 0
+    command -v fusermount3 >/dev/null 2>&1 || return 0
+    local mnt
+    # Field 5 is the mount point (octal-escaped); the fs type follows the " - " marker.
+    awk -v root="$CKPTFS_TMP/" '{
+            for (i = 7; i <= NF; i++) if ($i == "-") break
+            if ($(i + 1) ~ /^fuse/ && index($5, root) == 1) print $5
+        }' /proc/self/mountinfo | sort -r | while read -r mnt; do
+        mnt="$(printf '%b' "$mnt")"
+        echo "==> unmounting leftover FUSE mount $mnt" >&2
+        fusermount3 -u -z "$mnt" || true
+    done
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    unmount_leftovers || true
+    moto_stop || true
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if ! command -v fusermount3 >/dev/null 2>&1; then
+    echo "==> installing fuse3" >&2
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q fuse3
+fi
+
+mkdir -p "$CKPTFS_TMP"
+unmount_leftovers
+venv_setup
+moto_start
+
+export CKPTFS_TEST_S3_ENDPOINT="$MOTO_ENDPOINT"
+export CKPTFS_TEST_PYTHON="$CKPTFS_VENV/bin/python"
+export AWS_ACCESS_KEY_ID=testing
+export AWS_SECRET_ACCESS_KEY=testing
+export AWS_REGION=us-east-1
+export AWS_EC2_METADATA_DISABLED=true
+
+echo "==> cargo fmt --check" >&2
+cargo fmt --check
+echo "==> cargo clippy --all-targets -- -D warnings" >&2
+cargo clippy --all-targets -- -D warnings
+echo "==> cargo test $*" >&2
+cargo test "$@"

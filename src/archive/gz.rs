@@ -1,0 +1,189 @@
+//! Deterministic parallel gzip: the tar stream is cut into fixed-size chunks, each
+//! compressed on a worker thread into its own gzip member (header mtime 0, no name, OS
+//! Unix), and the members are written out in order.
+//!
+//! The output depends only on the input bytes and [`CHUNK_SIZE`], never on the number
+//! of threads, so every machine produces the same archive, and thus the same digest,
+//! for the same tree. Multi-member gzip is standard: `gzip -d`, `tar -xz`, Python's
+//! `tarfile` and flate2's `MultiGzDecoder` read it as one stream.
+//!
+//! Memory is bounded: at most `2 × threads` chunks (input plus output) are in flight.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use flate2::{Compression, GzBuilder};
+
+/// Uncompressed bytes per gzip member. Changing it changes every digest.
+pub const CHUNK_SIZE: usize = 1 << 20;
+
+type Job = (Vec<u8>, SyncSender<io::Result<Vec<u8>>>);
+
+pub struct ParallelGzWriter<W: Write> {
+    /// `None` only after `finish` handed it back.
+    out: Option<W>,
+    buffer: Vec<u8>,
+    jobs: Option<SyncSender<Job>>,
+    pending: VecDeque<Receiver<io::Result<Vec<u8>>>>,
+    workers: Vec<JoinHandle<()>>,
+    max_pending: usize,
+}
+
+fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
+    let mut encoder = GzBuilder::new().mtime(0).operating_system(3).write(
+        Vec::with_capacity(data.len() / 2 + 64),
+        Compression::default(),
+    );
+    encoder.write_all(data)?;
+    encoder.finish()
+}
+
+impl<W: Write> ParallelGzWriter<W> {
+    pub fn new(out: W, threads: usize) -> Self {
+        let threads = threads.max(1);
+        let (job_tx, job_rx) = mpsc::sync_channel::<Job>(threads);
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let workers = (0..threads)
+            .map(|i| {
+                let job_rx = Arc::clone(&job_rx);
+                std::thread::Builder::new()
+                    .name(format!("ckptfs-gzip-{i}"))
+                    .spawn(move || {
+                        loop {
+                            // The lock is held only while waiting for the next job.
+                            let job = job_rx.lock().map(|rx| rx.recv());
+                            let Ok(Ok((data, reply))) = job else { return };
+                            let _ = reply.send(compress_member(&data));
+                        }
+                    })
+                    .expect("spawning a gzip worker thread")
+            })
+            .collect();
+        ParallelGzWriter {
+            out: Some(out),
+            buffer: Vec::with_capacity(CHUNK_SIZE),
+            jobs: Some(job_tx),
+            pending: VecDeque::new(),
+            workers,
+            max_pending: threads * 2,
+        }
+    }
+
+    fn write_oldest(&mut self) -> io::Result<()> {
+        if let Some(result) = self.pending.pop_front() {
+            let member = result
+                .recv()
+                .map_err(|_| io::Error::other("a gzip worker thread died"))??;
+            self.out_mut().write_all(&member)?;
+        }
+        Ok(())
+    }
+
+    fn submit_buffer(&mut self) -> io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        while self.pending.len() >= self.max_pending {
+            self.write_oldest()?;
+        }
+        let data = std::mem::replace(&mut self.buffer, Vec::with_capacity(CHUNK_SIZE));
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.jobs
+            .as_ref()
+            .expect("jobs channel open until finish")
+            .send((data, reply_tx))
+            .map_err(|_| io::Error::other("the gzip worker threads are gone"))?;
+        self.pending.push_back(reply_rx);
+        Ok(())
+    }
+
+    /// Compresses what is buffered, writes every member, and returns the output.
+    pub fn finish(mut self) -> io::Result<W> {
+        if self.buffer.is_empty() && self.pending.is_empty() {
+            // An empty input still has to be a valid gzip file.
+            self.out_mut().write_all(&compress_member(&[])?)?;
+        }
+        self.submit_buffer()?;
+        while !self.pending.is_empty() {
+            self.write_oldest()?;
+        }
+        self.shutdown();
+        Ok(self.out.take().expect("output present until finish"))
+    }
+
+    fn out_mut(&mut self) -> &mut W {
+        self.out.as_mut().expect("output present until finish")
+    }
+
+    fn shutdown(&mut self) {
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl<W: Write> Write for ParallelGzWriter<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = CHUNK_SIZE - self.buffer.len();
+        let n = data.len().min(room);
+        self.buffer.extend_from_slice(&data[..n]);
+        if self.buffer.len() == CHUNK_SIZE {
+            self.submit_buffer()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<W: Write> Drop for ParallelGzWriter<W> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn compress(data: &[u8], threads: usize) -> Vec<u8> {
+        let mut w = ParallelGzWriter::new(Vec::new(), threads);
+        for piece in data.chunks(7777) {
+            w.write_all(piece).unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn output_does_not_depend_on_threads_and_round_trips() {
+        let data: Vec<u8> = (0..3 * CHUNK_SIZE + 12345)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let one = compress(&data, 1);
+        let four = compress(&data, 4);
+        assert_eq!(one, four);
+        let mut back = Vec::new();
+        flate2::read::MultiGzDecoder::new(&one[..])
+            .read_to_end(&mut back)
+            .unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn empty_input_is_valid_gzip() {
+        let out = compress(&[], 2);
+        let mut back = Vec::new();
+        flate2::read::MultiGzDecoder::new(&out[..])
+            .read_to_end(&mut back)
+            .unwrap();
+        assert!(back.is_empty());
+        assert_eq!(&out[..2], &[0x1f, 0x8b]);
+    }
+}

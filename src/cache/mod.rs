@@ -1,0 +1,1 @@
+//! The on-disk cache of verified checkpoints.

@@ -1,0 +1,369 @@
+//! Checkpoints on top of a store: naming, listing, verification, put and get.
+//!
+//! A checkpoint is the object `<sha256>.tar.gz`, and its name is the digest of its
+//! bytes. Nothing downloaded is handed over before every byte has been hashed and
+//! counted: [`VerifyingReader`] checks the digest and length as the stream ends, and
+//! callers only act on the data (extract it, serve it) after [`VerifyingReader::finish`]
+//! succeeded. Metadata is checked first, so a size or digest that disagrees with the
+//! object's name or length fails before any download.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::Path;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use crate::archive::writer::{self, WriterOptions};
+use crate::archive::{self, ArchiveError};
+use crate::store::{CheckpointMetadata, ObjectInfo, ObjectStore, Progress, PutOutcome, StoreError};
+
+/// The SHA-256 of a checkpoint object, as 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckpointId(String);
+
+const OBJECT_SUFFIX: &str = ".tar.gz";
+
+impl CheckpointId {
+    pub fn parse(hex: &str) -> Option<Self> {
+        let valid = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid.then(|| CheckpointId(hex.to_owned()))
+    }
+
+    /// The checkpoint an object name stands for, if it is one.
+    pub fn from_object_name(name: &str) -> Option<Self> {
+        Self::parse(name.strip_suffix(OBJECT_SUFFIX)?)
+    }
+
+    pub fn object_name(&self) -> String {
+        format!("{}{OBJECT_SUFFIX}", self.0)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The first 12 hex digits, as used in `by-time/` names.
+    pub fn short(&self) -> &str {
+        &self.0[..12]
+    }
+}
+
+impl fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A checkpoint as listed: no request beyond the listing was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub id: CheckpointId,
+    pub size: u64,
+    pub last_modified: SystemTime,
+}
+
+/// Why a checkpoint did not verify. The first words of each message are the SPEC's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyFailure {
+    #[error("Checkpoint object is missing")]
+    Missing,
+    #[error("Checkpoint size mismatch: {0}")]
+    SizeMismatch(String),
+    #[error("Checkpoint checksum mismatch: {0}")]
+    ChecksumMismatch(String),
+    #[error("Checkpoint is too large: {size} bytes, the limit is {limit}")]
+    TooLarge { size: u64, limit: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {id}: {failure}")]
+    Verify {
+        id: CheckpointId,
+        failure: VerifyFailure,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("no checkpoint matches {0:?}")]
+    UnknownPrefix(String),
+    #[error("{prefix:?} matches {count} checkpoints; give more digits")]
+    AmbiguousPrefix { prefix: String, count: usize },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Every checkpoint in the store, oldest first (ties broken by digest, so the order
+/// is stable). Other objects under the prefix are ignored.
+pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> {
+    let mut checkpoints: Vec<_> = store
+        .list()?
+        .into_iter()
+        .filter_map(
+            |ObjectInfo {
+                 name,
+                 size,
+                 last_modified,
+             }| {
+                Some(CheckpointInfo {
+                    id: CheckpointId::from_object_name(&name)?,
+                    size,
+                    last_modified,
+                })
+            },
+        )
+        .collect();
+    checkpoints.sort_by(|a, b| (a.last_modified, &a.id).cmp(&(b.last_modified, &b.id)));
+    Ok(checkpoints)
+}
+
+/// Resolves a full digest or an unambiguous prefix of one.
+pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, CheckpointError> {
+    let given = given.trim().to_ascii_lowercase();
+    let given = given.strip_suffix(OBJECT_SUFFIX).unwrap_or(&given);
+    if let Some(id) = CheckpointId::parse(given) {
+        return Ok(id);
+    }
+    if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(CheckpointError::UnknownPrefix(given.to_owned()));
+    }
+    let matches: Vec<_> = list(store)?
+        .into_iter()
+        .filter(|c| c.id.as_str().starts_with(given))
+        .collect();
+    match matches.as_slice() {
+        [one] => Ok(one.id.clone()),
+        [] => Err(CheckpointError::UnknownPrefix(given.to_owned())),
+        many => Err(CheckpointError::AmbiguousPrefix {
+            prefix: given.to_owned(),
+            count: many.len(),
+        }),
+    }
+}
+
+/// Wraps an object's byte stream: hashes and counts every byte, and at the end tells
+/// whether the object is the checkpoint its name promises.
+pub struct VerifyingReader<R> {
+    id: CheckpointId,
+    inner: R,
+    hasher: Sha256,
+    read: u64,
+    announced: u64,
+}
+
+impl<R: Read> VerifyingReader<R> {
+    /// Reads the rest of the stream (consumers such as gzip may stop early), then
+    /// compares length and digest.
+    pub fn finish(mut self) -> Result<u64, CheckpointError> {
+        io::copy(&mut self, &mut io::sink()).map_err(|source| CheckpointError::Io {
+            context: format!("download checkpoint {}", self.id),
+            source,
+        })?;
+        let failure = if self.read != self.announced {
+            VerifyFailure::SizeMismatch(format!(
+                "the store announced {} bytes but sent {}",
+                self.announced, self.read
+            ))
+        } else {
+            let digest = hex::encode(self.hasher.finalize_reset());
+            if digest == self.id.as_str() {
+                return Ok(self.read);
+            }
+            VerifyFailure::ChecksumMismatch(format!("the object's bytes hash to {digest}"))
+        };
+        Err(CheckpointError::Verify {
+            id: self.id,
+            failure,
+        })
+    }
+}
+
+impl<R: Read> Read for VerifyingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.read += n as u64;
+        if self.read > self.announced {
+            // A store sending more than it announced is not one we trust further.
+            return Err(io::Error::other(format!(
+                "Checkpoint size mismatch: the store sent more than the {} bytes it announced",
+                self.announced
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// Starts downloading a checkpoint after checking what its metadata says. The
+/// returned reader must be drained with [`VerifyingReader::finish`] before its bytes
+/// are trusted.
+pub fn open(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+    max_size: u64,
+) -> Result<VerifyingReader<Box<dyn Read + Send>>, CheckpointError> {
+    let fail = |failure| CheckpointError::Verify {
+        id: id.clone(),
+        failure,
+    };
+    let object = match store.get(&id.object_name()) {
+        Ok(object) => object,
+        Err(StoreError::NotFound { .. }) => return Err(fail(VerifyFailure::Missing)),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = object.meta;
+    if let Some(size) = &meta.size
+        && size.trim().parse::<u64>().ok() != Some(meta.length)
+    {
+        return Err(fail(VerifyFailure::SizeMismatch(format!(
+            "the size metadata says {size} bytes, the object has {}",
+            meta.length
+        ))));
+    }
+    if let Some(sha) = &meta.sha256
+        && !sha.trim().eq_ignore_ascii_case(id.as_str())
+    {
+        return Err(fail(VerifyFailure::ChecksumMismatch(format!(
+            "the sha256 metadata says {sha}"
+        ))));
+    }
+    if meta.length > max_size {
+        return Err(fail(VerifyFailure::TooLarge {
+            size: meta.length,
+            limit: max_size,
+        }));
+    }
+    Ok(VerifyingReader {
+        id: id.clone(),
+        inner: object.body,
+        hasher: Sha256::new(),
+        read: 0,
+        announced: meta.length,
+    })
+}
+
+/// Downloads and checks one checkpoint, keeping nothing.
+pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
+    open(store, id, u64::MAX)?.finish().map(drop)
+}
+
+/// The outcome of [`put`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutReport {
+    pub id: CheckpointId,
+    pub size: u64,
+    pub outcome: PutOutcome,
+}
+
+pub struct PutOptions<'a> {
+    pub max_archive_size: u64,
+    /// Where the archive is written before upload.
+    pub temp_dir: &'a Path,
+    pub threads: usize,
+}
+
+/// Archives `dir` and stores it, unless the same checkpoint is already there.
+pub fn put(
+    store: &dyn ObjectStore,
+    dir: &Path,
+    options: &PutOptions<'_>,
+    progress: Progress<'_>,
+) -> Result<PutReport, CheckpointError> {
+    let temp = tempfile::Builder::new()
+        .prefix(".ckptfs-put-")
+        .tempfile_in(options.temp_dir)
+        .map_err(|source| CheckpointError::Io {
+            context: format!("create a temporary file in {}", options.temp_dir.display()),
+            source,
+        })?;
+    let written = writer::write_archive(
+        dir,
+        io::BufWriter::with_capacity(1 << 20, temp.as_file()),
+        &WriterOptions {
+            max_size: options.max_archive_size,
+            threads: options.threads,
+        },
+    )?;
+    store_archive(store, temp.path(), &written, progress)
+}
+
+/// Stores an archive already written (and hashed) at `path`.
+pub fn store_archive(
+    store: &dyn ObjectStore,
+    path: &Path,
+    written: &writer::WrittenArchive,
+    progress: Progress<'_>,
+) -> Result<PutReport, CheckpointError> {
+    let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
+    let name = id.object_name();
+    let outcome = if store.exists(&name)? {
+        PutOutcome::AlreadyPresent
+    } else {
+        store.put(
+            &name,
+            path,
+            &CheckpointMetadata {
+                sha256: written.sha256.clone(),
+                size: written.size,
+            },
+            progress,
+        )?
+    };
+    Ok(PutReport {
+        id,
+        size: written.size,
+        outcome,
+    })
+}
+
+/// Downloads a checkpoint to a temporary file, verifies it, and only then extracts it
+/// into `dest`.
+pub fn get(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+    dest: &Path,
+    temp_dir: &Path,
+    progress: Progress<'_>,
+) -> Result<archive::extract::ExtractSummary, CheckpointError> {
+    let io_err = |context: String| move |source| CheckpointError::Io { context, source };
+    let mut reader = open(store, id, u64::MAX)?;
+    let mut temp = tempfile::Builder::new()
+        .prefix(".ckptfs-get-")
+        .tempfile_in(temp_dir)
+        .map_err(io_err(format!(
+            "create a temporary file in {}",
+            temp_dir.display()
+        )))?;
+    copy_with_progress(&mut reader, temp.as_file_mut(), progress)
+        .map_err(io_err(format!("download checkpoint {id}")))?;
+    reader.finish()?;
+    let file = temp.reopen().map_err(io_err("reopen download".into()))?;
+    let tar = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, file));
+    Ok(archive::extract::extract(tar, dest)?)
+}
+
+fn copy_with_progress(
+    reader: &mut impl Read,
+    writer: &mut impl io::Write,
+    progress: Progress<'_>,
+) -> io::Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        writer.write_all(&buf[..n])?;
+        total += n as u64;
+        progress(total);
+    }
+}

@@ -1,0 +1,193 @@
+//! Command-line definitions (clap) and their validation; no work happens here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const STORE_HELP: &str = "s3://BUCKET/PREFIX, or a local directory";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ckptfs",
+    version,
+    about = "Content-addressed workspace checkpoints in S3, as a filesystem and a CLI",
+    after_help = "Credentials come from the standard AWS chain (environment, profile, role).\n\
+                  Set RUST_LOG=debug for detailed logs."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// S3 endpoint for MinIO, R2 or a local server (implies path-style addressing).
+    #[arg(long, global = true, env = "AWS_ENDPOINT_URL", value_name = "URL")]
+    pub endpoint_url: Option<String>,
+
+    /// Largest archive accepted, compressed (bytes, or with K/M/G/KiB/MiB/GiB).
+    #[arg(long, global = true, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_archive_size: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount the store: one read-only directory per verified checkpoint.
+    #[command(
+        after_help = "Example:\n  ckptfs mount s3://my-bucket/checkpoints /mnt/ckpt\n  \
+                            ls /mnt/ckpt/latest/\n  fusermount3 -u /mnt/ckpt"
+    )]
+    Mount(MountArgs),
+    /// Capture DIR as a checkpoint; prints `<sha256> <size>`.
+    #[command(after_help = "Example:\n  ckptfs put s3://my-bucket/checkpoints ./workspace")]
+    Put(PutArgs),
+    /// Download, verify, and restore a checkpoint into DEST (new or empty).
+    #[command(after_help = "Example:\n  ckptfs get s3://my-bucket/checkpoints 0a9686a9 ./restored")]
+    Get(GetArgs),
+    /// Check checkpoints against their names: all of them, or the ones given.
+    #[command(
+        after_help = "Example:\n  ckptfs verify s3://my-bucket/checkpoints\n  \
+                            ckptfs verify ./store 0a9686a9"
+    )]
+    Verify(VerifyArgs),
+    /// List checkpoints, oldest first: sha256, size, time.
+    #[command(after_help = "Example:\n  ckptfs ls s3://my-bucket/checkpoints --json")]
+    Ls(LsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// The workspace directory to capture.
+    pub dir: PathBuf,
+    /// Archives larger than this are uploaded in parts of this size (at least 5MiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub part_size: u64,
+    /// Where the archive is written before upload.
+    #[arg(long, value_name = "DIR")]
+    pub temp_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// The checkpoint's sha256, or an unambiguous prefix of it.
+    pub sha256: String,
+    /// Where to restore; must not exist or be empty.
+    pub dest: PathBuf,
+    /// Where the archive is downloaded before it is verified and extracted.
+    #[arg(long, value_name = "DIR")]
+    pub temp_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// Checkpoints to verify (sha256 or prefix); all of them when none is given.
+    pub sha256: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// One JSON array of {"sha256", "size", "last_modified"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// An existing empty directory.
+    pub mountpoint: PathBuf,
+    /// Verified checkpoints are kept here, between runs too.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Bound on the cache; least recently used checkpoints are evicted first.
+    #[arg(long, default_value = "4GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub cache_size: u64,
+    /// Where staged workspaces live (default: a folder in the cache directory).
+    #[arg(long, value_name = "DIR")]
+    pub staging_dir: Option<PathBuf>,
+    /// Seconds between listings of the store.
+    #[arg(long, default_value = "5", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub refresh: Duration,
+    /// Largest total size of one checkpoint's files once unpacked.
+    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_unpacked_size: u64,
+    /// Largest number of entries in one checkpoint.
+    #[arg(long, default_value = "2000000", value_name = "N")]
+    pub max_entries: u64,
+    /// Stay in the foreground instead of daemonizing once the mount is ready.
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Show every entry as owned by the mounting user instead of the archive's owners.
+    #[arg(long)]
+    pub owner_self: bool,
+    /// Parts size for uploads of sealed workspaces.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub part_size: u64,
+    /// Request threads of the FUSE session.
+    #[arg(long, default_value = "4", value_name = "N")]
+    pub threads: usize,
+}
+
+/// Parses `1048576`, `64M`, `64MiB`, `1G`, `1GiB`, `512K` (all binary multiples).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 5MiB or 1048576"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown unit in {text:?}; use K, M, G or T")),
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.0..=86400.0).contains(&seconds) {
+        return Err("the refresh interval must be between 0 and 86400 seconds".into());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("5MiB"), Ok(5 << 20));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,2 @@
+//! The filesystem.
+pub mod mount;

@@ -1,0 +1,6 @@
+//! Mounting.
+use crate::cli::{Cli, MountArgs};
+
+pub fn run(_cli: &Cli, _args: &MountArgs) -> anyhow::Result<()> {
+    anyhow::bail!("mount is not implemented yet")
+}

@@ -1,0 +1,15 @@
+//! ckptfs: content-addressed workspace checkpoints in object storage, as a FUSE
+//! filesystem and a command-line tool.
+//!
+//! Data flows one way: [`cli`] → [`store`] (S3 or a local directory) → [`archive`]
+//! (tar.gz writing, indexing, extraction) → [`cache`] (verified local copies) →
+//! [`fs`] (the filesystem logic, and the thin FUSE adapter). [`checkpoint`] names
+//! checkpoints and verifies them on top of a store.
+
+pub mod archive;
+pub mod cache;
+pub mod checkpoint;
+pub mod cli;
+pub mod commands;
+pub mod fs;
+pub mod store;

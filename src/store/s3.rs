@@ -1,0 +1,434 @@
+//! The S3 store: the only module that talks to aws-sdk-s3.
+//!
+//! Credentials and region come from the standard AWS chain (environment, profile,
+//! instance role) and are never logged. An explicit endpoint (`--endpoint-url` or
+//! `AWS_ENDPOINT_URL`) switches to path-style addressing, which MinIO, R2 and local
+//! test servers expect. Request checksums are only sent when an operation requires
+//! them, because several S3-compatible servers reject the newer trailing checksums.
+//!
+//! The trait is blocking; this store owns a small tokio runtime and blocks on it, so it
+//! must not be called from inside another tokio runtime.
+//!
+//! Writes are conditional (`If-None-Match: *`): a concurrent writer of the same
+//! checkpoint makes ours answer 412, which means the object is already there.
+//! A multipart upload that fails for any reason is aborted before the error returns.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::path::Path;
+use std::time::SystemTime;
+
+use aws_config::environment::region::EnvironmentVariableRegionProvider;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::profile::ProfileFileRegionProvider;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::{ByteStream, Length};
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::{Buf, Bytes};
+use tokio::runtime::Runtime;
+
+use super::{
+    CheckpointMetadata, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutOutcome,
+    S3Options, StoreError,
+};
+
+/// S3 rejects parts smaller than this (except the last one).
+pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
+/// Parts uploaded at the same time by one multipart upload.
+const PARTS_IN_FLIGHT: usize = 4;
+
+pub struct S3Store {
+    runtime: Runtime,
+    client: Client,
+    bucket: String,
+    /// Empty, or ends with `/`.
+    prefix: String,
+    part_size: u64,
+}
+
+impl S3Store {
+    pub fn new(bucket: &str, prefix: &str, options: &S3Options) -> Result<Self, StoreError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ckptfs-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::io("start runtime for", Path::new("s3"), e))?;
+        let endpoint = options
+            .endpoint_url
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .filter(|e| !e.is_empty());
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(endpoint) = &endpoint {
+            // A custom endpoint is MinIO, R2 or a local server: asking the EC2 instance
+            // metadata service for a region would only add delay and warnings.
+            loader = loader.endpoint_url(endpoint).region(
+                RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+                    .or_else(ProfileFileRegionProvider::new())
+                    .or_else(Region::new("us-east-1")),
+            );
+        }
+        let sdk_config = runtime.block_on(loader.load());
+        // Local servers do not care about the region, but request signing needs one.
+        let region = sdk_config
+            .region()
+            .cloned()
+            .unwrap_or_else(|| Region::new("us-east-1"));
+        let config = aws_sdk_s3::config::Builder::from(&sdk_config)
+            .region(region)
+            .force_path_style(endpoint.is_some())
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .build();
+        let prefix = prefix.trim_matches('/');
+        Ok(S3Store {
+            runtime,
+            client: Client::from_conf(config),
+            bucket: bucket.to_owned(),
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
+            part_size: options.part_size.max(MIN_PART_SIZE),
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn remote_error<E>(&self, operation: &'static str, name: &str, err: &SdkError<E>) -> StoreError
+    where
+        E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+    {
+        // Service errors carry a code and message worth showing; for the others
+        // (connection refused, timeouts) the whole chain of causes is the message.
+        let message = match err {
+            SdkError::ServiceError(service) => {
+                let status = service.raw().status().as_u16();
+                match (service.err().code(), service.err().message()) {
+                    (Some(code), Some(text)) => format!("{code}: {text} (HTTP {status})"),
+                    (Some(code), None) => format!("{code} (HTTP {status})"),
+                    _ => format!("HTTP {status}: {}", DisplayErrorContext(err)),
+                }
+            }
+            other => DisplayErrorContext(other).to_string(),
+        };
+        StoreError::Remote {
+            operation,
+            name: format!("s3://{}/{}", self.bucket, self.key(name)),
+            message,
+        }
+    }
+
+    async fn put_single(
+        &self,
+        name: &str,
+        path: &Path,
+        metadata: &HashMap<String, String>,
+    ) -> Result<PutOutcome, StoreError> {
+        let body = ByteStream::from_path(path)
+            .await
+            .map_err(|e| StoreError::io("read", path, io::Error::other(e)))?;
+        let result = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(name))
+            .set_metadata(Some(metadata.clone()))
+            .if_none_match("*")
+            .body(body)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(PutOutcome::Stored),
+            Err(e) if is_precondition_failed(&e) => Ok(PutOutcome::AlreadyPresent),
+            Err(e) => Err(self.remote_error("PutObject", name, &e)),
+        }
+    }
+
+    async fn put_multipart(
+        &self,
+        name: &str,
+        path: &Path,
+        size: u64,
+        metadata: &HashMap<String, String>,
+        progress: Progress<'_>,
+    ) -> Result<PutOutcome, StoreError> {
+        let key = self.key(name);
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&key)
+            .set_metadata(Some(metadata.clone()))
+            .send()
+            .await
+            .map_err(|e| self.remote_error("CreateMultipartUpload", name, &e))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_owned();
+        let parts = match self
+            .upload_parts(name, path, size, &upload_id, progress)
+            .await
+        {
+            Ok(parts) => parts,
+            Err(e) => {
+                self.abort_upload(&key, &upload_id).await;
+                return Err(e);
+            }
+        };
+        let completed = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&key)
+            .upload_id(&upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .if_none_match("*")
+            .send()
+            .await;
+        let result = match completed {
+            Ok(_) => return Ok(PutOutcome::Stored),
+            Err(e) if is_precondition_failed(&e) => Ok(PutOutcome::AlreadyPresent),
+            // Some servers answer 200 with a body the SDK cannot parse (moto names the
+            // XML root differently). The object is content-addressed, so if it exists
+            // now it is the right one, whoever completed it.
+            Err(e) if e.raw_response().is_some_and(|r| r.status().is_success()) => {
+                match self.exists_async(name).await {
+                    Ok(true) => return Ok(PutOutcome::Stored),
+                    _ => Err(self.remote_error("CompleteMultipartUpload", name, &e)),
+                }
+            }
+            Err(e) => Err(self.remote_error("CompleteMultipartUpload", name, &e)),
+        };
+        // The upload was not completed: it must not be left behind, holding storage.
+        self.abort_upload(&key, &upload_id).await;
+        result
+    }
+
+    async fn abort_upload(&self, key: &str, upload_id: &str) {
+        let aborted = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
+        if let Err(e) = aborted {
+            tracing::warn!(key, upload_id, error = %DisplayErrorContext(&e), "could not abort the multipart upload");
+        }
+    }
+
+    async fn exists_async(&self, name: &str) -> Result<bool, StoreError> {
+        let response = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.key(name))
+            .send()
+            .await;
+        match response {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(self.remote_error("HeadObject", name, &e)),
+        }
+    }
+
+    async fn upload_parts(
+        &self,
+        name: &str,
+        path: &Path,
+        size: u64,
+        upload_id: &str,
+        progress: Progress<'_>,
+    ) -> Result<Vec<CompletedPart>, StoreError> {
+        let part_count = size.div_ceil(self.part_size).max(1);
+        let mut parts = Vec::with_capacity(part_count as usize);
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut done = 0u64;
+        let mut next = 0u64;
+        while next < part_count || !in_flight.is_empty() {
+            while next < part_count && in_flight.len() < PARTS_IN_FLIGHT {
+                let offset = next * self.part_size;
+                let length = self.part_size.min(size - offset);
+                let body = ByteStream::read_from()
+                    .path(path)
+                    .offset(offset)
+                    .length(Length::Exact(length))
+                    .build()
+                    .await
+                    .map_err(|e| StoreError::io("read", path, io::Error::other(e)))?;
+                let number = (next + 1) as i32;
+                let request = self
+                    .client
+                    .upload_part()
+                    .bucket(&self.bucket)
+                    .key(self.key(name))
+                    .upload_id(upload_id)
+                    .part_number(number)
+                    .body(body);
+                in_flight.spawn(async move { (number, length, request.send().await) });
+                next += 1;
+            }
+            let Some(joined) = in_flight.join_next().await else {
+                break;
+            };
+            let (number, length, result) = joined.map_err(|e| StoreError::Remote {
+                operation: "UploadPart",
+                name: name.to_owned(),
+                message: e.to_string(),
+            })?;
+            let uploaded = result.map_err(|e| self.remote_error("UploadPart", name, &e))?;
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(uploaded.e_tag().map(str::to_owned))
+                    .build(),
+            );
+            done += length;
+            progress(done);
+        }
+        parts.sort_by_key(|p| p.part_number());
+        Ok(parts)
+    }
+}
+
+fn is_precondition_failed<E>(err: &SdkError<E>) -> bool {
+    err.raw_response()
+        .is_some_and(|r| r.status().as_u16() == 412)
+}
+
+fn is_not_found<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bool {
+    err.raw_response()
+        .is_some_and(|r| r.status().as_u16() == 404)
+        || err
+            .as_service_error()
+            .and_then(|e| e.code())
+            .is_some_and(|c| c == "NoSuchKey" || c == "NotFound")
+}
+
+impl ObjectStore for S3Store {
+    fn describe(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix)
+    }
+
+    fn list(&self) -> Result<Vec<ObjectInfo>, StoreError> {
+        self.runtime.block_on(async {
+            let mut pages = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&self.prefix)
+                .delimiter("/")
+                .into_paginator()
+                .send();
+            let mut objects = Vec::new();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| self.remote_error("ListObjectsV2", "", &e))?;
+                for object in page.contents() {
+                    let Some(name) = object.key().and_then(|k| k.strip_prefix(&self.prefix)) else {
+                        continue;
+                    };
+                    objects.push(ObjectInfo {
+                        name: name.to_owned(),
+                        size: object.size().unwrap_or(0).max(0) as u64,
+                        last_modified: object
+                            .last_modified()
+                            .and_then(|t| SystemTime::try_from(*t).ok())
+                            .unwrap_or(SystemTime::UNIX_EPOCH),
+                    });
+                }
+            }
+            Ok(objects)
+        })
+    }
+
+    fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
+        let response = self.runtime.block_on(
+            self.client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(self.key(name))
+                .send(),
+        );
+        let response = match response {
+            Ok(r) => r,
+            Err(e) if is_not_found(&e) => {
+                return Err(StoreError::NotFound { name: name.into() });
+            }
+            Err(e) => return Err(self.remote_error("GetObject", name, &e)),
+        };
+        let metadata = response.metadata();
+        let meta = ObjectMeta {
+            length: response.content_length().unwrap_or(0).max(0) as u64,
+            sha256: metadata.and_then(|m| m.get("sha256")).cloned(),
+            size: metadata.and_then(|m| m.get("size")).cloned(),
+        };
+        Ok(ObjectReader {
+            meta,
+            body: Box::new(BodyReader {
+                runtime: self.runtime.handle().clone(),
+                body: response.body,
+                chunk: Bytes::new(),
+            }),
+        })
+    }
+
+    fn exists(&self, name: &str) -> Result<bool, StoreError> {
+        self.runtime.block_on(self.exists_async(name))
+    }
+
+    fn put(
+        &self,
+        name: &str,
+        path: &Path,
+        metadata: &CheckpointMetadata,
+        progress: Progress<'_>,
+    ) -> Result<PutOutcome, StoreError> {
+        let user_metadata = HashMap::from([
+            ("sha256".to_owned(), metadata.sha256.clone()),
+            ("size".to_owned(), metadata.size.to_string()),
+        ]);
+        self.runtime.block_on(async {
+            if metadata.size > self.part_size {
+                self.put_multipart(name, path, metadata.size, &user_metadata, progress)
+                    .await
+            } else {
+                let outcome = self.put_single(name, path, &user_metadata).await?;
+                progress(metadata.size);
+                Ok(outcome)
+            }
+        })
+    }
+}
+
+/// Adapts the SDK's async body stream to `std::io::Read` by blocking on the runtime.
+struct BodyReader {
+    runtime: tokio::runtime::Handle,
+    body: ByteStream,
+    chunk: Bytes,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.runtime.block_on(self.body.next()) {
+                Some(Ok(chunk)) => self.chunk = chunk,
+                Some(Err(e)) => return Err(io::Error::other(DisplayErrorContext(e).to_string())),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk[..n]);
+        self.chunk.advance(n);
+        Ok(n)
+    }
+}
