@@ -7,6 +7,7 @@
 
 pub mod extract;
 pub mod gz;
+pub mod index;
 pub mod writer;
 
 use std::io;

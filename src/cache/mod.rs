@@ -1,1 +1,395 @@
 //! The on-disk cache of verified checkpoints.
+//!
+//! Layout (`--cache-dir`, mode 0700; every file 0600):
+//!
+//! ```text
+//! checkpoints/<sha256>/index        the archive's Index (postcard) + xxh3 of it
+//! checkpoints/<sha256>/pack         small files, concatenated
+//! checkpoints/<sha256>/files/<n>    large files, one each (passthrough backing files)
+//! checkpoints/<sha256>.partial-*    a pass in progress; removed at start-up
+//! ```
+//!
+//! Invariants:
+//! - a `checkpoints/<sha256>` directory exists only once its object was downloaded,
+//!   hashed, length-checked and indexed in one pass; it appears by an atomic rename;
+//! - nothing from it is served after a restart before every byte was checked again
+//!   against the checksums in its index: a damaged entry is deleted and fetched again;
+//! - the total size stays under the configured bound, evicting least recently used
+//!   entries that the caller says are not in use.
+
+use std::fs::{self, DirBuilder, File};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use lru::LruCache;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::archive::index::{self, FileLocation, Index, IndexError, Limits, NodeKind};
+use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure};
+use crate::store::ObjectStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("{0}")]
+    Verify(VerifyFailure),
+    #[error("{0}")]
+    Checkpoint(CheckpointError),
+    #[error("{0}")]
+    Index(#[from] IndexError),
+    #[error("cache {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl From<CheckpointError> for CacheError {
+    fn from(e: CheckpointError) -> Self {
+        match e {
+            CheckpointError::Verify { failure, .. } => CacheError::Verify(failure),
+            other => CacheError::Checkpoint(other),
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// A checkpoint whose every byte was verified, ready to serve.
+pub struct VerifiedCheckpoint {
+    pub id: CheckpointId,
+    pub index: Index,
+    dir: PathBuf,
+    pack: File,
+}
+
+impl VerifiedCheckpoint {
+    /// Reads `len` bytes at `offset` of a packed file starting at `start` in the pack.
+    pub fn read_packed(&self, start: u64, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let mut filled = 0;
+        while filled < len {
+            let n = self
+                .pack
+                .read_at(&mut buf[filled..], start + offset + filled as u64)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    }
+
+    /// Opens the own file of `node` read-only.
+    pub fn open_own(&self, node: u32) -> io::Result<File> {
+        File::open(index::own_file_path(&self.dir, node))
+    }
+}
+
+pub struct Cache {
+    checkpoints: PathBuf,
+    max_bytes: u64,
+    /// Entries on disk, least recently used last, with their sizes in bytes.
+    entries: Mutex<LruCache<CheckpointId, u64>>,
+}
+
+fn private_dir(path: &Path) -> Result<(), CacheError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(io_err(path))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(io_err(path))
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    let files = fs::read_dir(dir.join("files"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    let own: u64 = files
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let pack = fs::metadata(index::pack_path(dir)).map_or(0, |m| m.len());
+    own + pack
+}
+
+impl Cache {
+    /// Opens the cache directory, creating it, and forgets unfinished passes.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, CacheError> {
+        private_dir(dir)?;
+        let checkpoints = dir.join("checkpoints");
+        private_dir(&checkpoints)?;
+        let mut found = Vec::new();
+        for entry in fs::read_dir(&checkpoints).map_err(io_err(&checkpoints))? {
+            let entry = entry.map_err(io_err(&checkpoints))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            match CheckpointId::parse(&name) {
+                Some(id) => {
+                    let used = entry
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(SystemTime::UNIX_EPOCH);
+                    found.push((used, id, dir_size(&path)));
+                }
+                None => {
+                    tracing::info!(path = %path.display(), "removing unfinished cache entry");
+                    let _ = fs::remove_dir_all(&path);
+                }
+            }
+        }
+        found.sort();
+        let mut entries = LruCache::unbounded();
+        for (_, id, size) in found {
+            entries.put(id, size);
+        }
+        Ok(Cache {
+            checkpoints,
+            max_bytes,
+            entries: Mutex::new(entries),
+        })
+    }
+
+    fn entry_dir(&self, id: &CheckpointId) -> PathBuf {
+        self.checkpoints.join(id.as_str())
+    }
+
+    /// Bytes the cache holds now.
+    pub fn used_bytes(&self) -> u64 {
+        self.entries
+            .lock()
+            .expect("cache lock")
+            .iter()
+            .map(|(_, s)| s)
+            .sum()
+    }
+
+    /// A verified checkpoint: from disk if an intact copy is there, otherwise
+    /// downloaded, verified and indexed in one streaming pass.
+    pub fn load(
+        &self,
+        store: &dyn ObjectStore,
+        id: &CheckpointId,
+        max_archive_size: u64,
+        limits: Limits,
+        default_mtime: i64,
+    ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
+        let dir = self.entry_dir(id);
+        if dir.exists() {
+            match open_entry(id, &dir) {
+                Ok(checkpoint) => {
+                    self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+                    return Ok(Arc::new(checkpoint));
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %id, error = %e, "cache entry is damaged; fetching the checkpoint again");
+                    self.remove(id);
+                }
+            }
+        }
+        let partial = self.checkpoints.join(format!(
+            "{id}.partial-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        private_dir(&partial)?;
+        let result = fetch_into(store, id, &partial, max_archive_size, limits, default_mtime)
+            .and_then(|()| fs::rename(&partial, &dir).map_err(io_err(&dir)));
+        if let Err(e) = result {
+            let _ = fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+        let checkpoint = open_entry_trusted(id, &dir)?;
+        self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+        Ok(Arc::new(checkpoint))
+    }
+
+    fn touch(&self, id: &CheckpointId, dir: &Path, size: u64) {
+        // The directory's mtime carries the LRU order across restarts.
+        let _ = File::open(dir).and_then(|d| d.set_modified(SystemTime::now()));
+        self.entries
+            .lock()
+            .expect("cache lock")
+            .put(id.clone(), size);
+    }
+
+    fn remove(&self, id: &CheckpointId) {
+        self.entries.lock().expect("cache lock").pop(id);
+        let dir = self.entry_dir(id);
+        if let Err(e) = fs::remove_dir_all(&dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %dir.display(), error = %e, "could not remove cache entry");
+        }
+    }
+
+    /// Evicts least recently used entries until the cache fits its bound, skipping
+    /// those `in_use` names. Returns the evicted checkpoints.
+    pub fn evict(&self, in_use: impl Fn(&CheckpointId) -> bool) -> Vec<CheckpointId> {
+        let mut evicted = Vec::new();
+        let mut entries = self.entries.lock().expect("cache lock");
+        let mut total: u64 = entries.iter().map(|(_, s)| s).sum();
+        let candidates: Vec<(CheckpointId, u64)> = entries
+            .iter()
+            .rev()
+            .map(|(id, size)| (id.clone(), *size))
+            .collect();
+        for (id, size) in candidates {
+            if total <= self.max_bytes {
+                break;
+            }
+            if in_use(&id) {
+                continue;
+            }
+            entries.pop(&id);
+            total -= size;
+            evicted.push(id);
+        }
+        drop(entries);
+        for id in &evicted {
+            tracing::info!(checkpoint = %id, "evicting from cache");
+            let _ = fs::remove_dir_all(self.entry_dir(id));
+        }
+        evicted
+    }
+}
+
+fn fetch_into(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+    dir: &Path,
+    max_archive_size: u64,
+    limits: Limits,
+    default_mtime: i64,
+) -> Result<(), CacheError> {
+    let mut reader = checkpoint::open(store, id, max_archive_size)?;
+    let built = {
+        let gz =
+            flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, &mut reader));
+        index::build(gz, dir, limits, default_mtime)
+    };
+    // The object's own verdict comes first: a corrupt or cut object also makes the
+    // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".
+    reader.finish()?;
+    let index = built?;
+    let bytes = postcard::to_stdvec(&index).map_err(|e| CacheError::Io {
+        path: dir.join("index"),
+        source: io::Error::other(e),
+    })?;
+    let tmp = dir.join("index.tmp");
+    let mut file = index::create_private(&tmp).map_err(io_err(&tmp))?;
+    file.write_all(&bytes)
+        .and_then(|()| file.write_all(&xxh3_64(&bytes).to_le_bytes()))
+        .and_then(|()| file.sync_all())
+        .map_err(io_err(&tmp))?;
+    fs::rename(&tmp, dir.join("index")).map_err(io_err(dir))
+}
+
+fn read_index(dir: &Path) -> Result<Index, CacheError> {
+    let path = dir.join("index");
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    let damaged = |why: &str| CacheError::Io {
+        path: path.clone(),
+        source: io::Error::new(io::ErrorKind::InvalidData, why.to_owned()),
+    };
+    if bytes.len() < 8 {
+        return Err(damaged("index too short"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if xxh3_64(body).to_le_bytes() != sum {
+        return Err(damaged("index checksum mismatch"));
+    }
+    postcard::from_bytes(body).map_err(|_| damaged("index undecodable"))
+}
+
+/// Opens an entry this process just wrote and verified.
+fn open_entry_trusted(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, CacheError> {
+    let index = read_index(dir)?;
+    let pack_path = index::pack_path(dir);
+    let pack = File::open(&pack_path).map_err(io_err(&pack_path))?;
+    Ok(VerifiedCheckpoint {
+        id: id.clone(),
+        index,
+        dir: dir.to_owned(),
+        pack,
+    })
+}
+
+/// Opens an entry found on disk, checking every byte against the index first.
+fn open_entry(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, CacheError> {
+    let checkpoint = open_entry_trusted(id, dir)?;
+    let damaged = |path: &Path, why: String| CacheError::Io {
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidData, why),
+    };
+    let mut packed = Vec::new();
+    for (node, entry) in checkpoint.index.nodes.iter().enumerate() {
+        if let NodeKind::File {
+            size,
+            location,
+            checksum,
+        } = entry.kind
+        {
+            match location {
+                FileLocation::Packed { offset } => packed.push((offset, size, checksum)),
+                FileLocation::Own => {
+                    let path = index::own_file_path(dir, node as u32);
+                    let file = File::open(&path).map_err(io_err(&path))?;
+                    let (len, sum) = hash_stream(file).map_err(io_err(&path))?;
+                    if len != size || sum != checksum {
+                        return Err(damaged(
+                            &path,
+                            format!("content differs from the index ({len} bytes)"),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    packed.sort_unstable();
+    let pack_path = index::pack_path(dir);
+    let mut pack =
+        BufReader::with_capacity(1 << 20, File::open(&pack_path).map_err(io_err(&pack_path))?);
+    for (offset, size, checksum) in packed {
+        pack.seek(SeekFrom::Start(offset))
+            .map_err(io_err(&pack_path))?;
+        let (len, sum) = hash_stream((&mut pack).take(size)).map_err(io_err(&pack_path))?;
+        if len != size || sum != checksum {
+            return Err(damaged(
+                &pack_path,
+                format!("packed file at offset {offset} differs from the index"),
+            ));
+        }
+    }
+    Ok(checkpoint)
+}
+
+fn hash_stream(mut reader: impl Read) -> io::Result<(u64, u64)> {
+    let mut hasher = Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => return Ok((len, hasher.digest())),
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                len += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

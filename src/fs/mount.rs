@@ -1,6 +1,189 @@
-//! Mounting.
+//! `ckptfs mount`: builds the filesystem, mounts it, keeps the listing fresh, and
+//! unmounts cleanly on SIGINT or SIGTERM.
+//!
+//! Without `--foreground` the command starts itself again in the background (a
+//! fresh process, since forking a process that runs threads is unsafe), waits until
+//! that daemon says the mount is ready, and exits 0; or non-zero with the daemon's
+//! error if it could not mount.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use fuser::{Config, MountOption, SessionACL};
+
+use super::fuse::FuseAdapter;
+use super::{CheckpointFs, FsConfig};
+use crate::archive::index::Limits;
+use crate::cache::Cache;
 use crate::cli::{Cli, MountArgs};
 
-pub fn run(_cli: &Cli, _args: &MountArgs) -> anyhow::Result<()> {
-    anyhow::bail!("mount is not implemented yet")
+/// Set in the daemon's environment: the file descriptor on which it reports readiness.
+const READY_FD_ENV: &str = "CKPTFS_READY_FD";
+
+pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
+    if !args.foreground {
+        return spawn_daemon(args);
+    }
+    let store = crate::commands::open_store(cli, &args.store, args.part_size)?;
+    let cache_dir = cache_dir(args);
+    let cache = Arc::new(
+        Cache::open(&cache_dir, args.cache_size)
+            .with_context(|| format!("cannot open cache {}", cache_dir.display()))?,
+    );
+    // SAFETY: getuid and getgid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let fs = CheckpointFs::new(
+        store,
+        cache,
+        FsConfig {
+            max_archive_size: cli.max_archive_size,
+            limits: Limits {
+                max_entries: args.max_entries,
+                max_unpacked_bytes: args.max_unpacked_size,
+            },
+            owner_override: args.owner_self.then_some((uid, gid)),
+            uid,
+            gid,
+        },
+    );
+    fs.refresh()
+        .with_context(|| format!("cannot list {}", args.store))?;
+    spawn_refresher(Arc::downgrade(&fs), args.refresh);
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("ckptfs:{}", args.store)),
+        MountOption::Subtype("ckptfs".into()),
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    config.acl = if args.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(args.threads.max(1));
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(FuseAdapter::new(fs), &args.mountpoint, &config)
+        .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    let mountpoint = args.mountpoint.clone();
+    ctrlc::set_handler(move || {
+        tracing::info!(mountpoint = %mountpoint.display(), "signal received; unmounting");
+        if let Err(e) = unmounter.unmount() {
+            tracing::error!(error = %e, "unmount failed");
+        }
+    })
+    .context("cannot install the signal handler")?;
+    tracing::info!(mountpoint = %args.mountpoint.display(), store = %args.store, "mounted");
+    report_ready();
+    session.run().context("the FUSE session failed")?;
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+fn cache_dir(args: &MountArgs) -> PathBuf {
+    args.cache_dir.clone().unwrap_or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("ckptfs")
+    })
+}
+
+fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
+    std::thread::Builder::new()
+        .name("ckptfs-refresh".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every.max(Duration::from_millis(200)));
+                let Some(fs) = fs.upgrade() else { return };
+                if let Err(e) = fs.refresh() {
+                    tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");
+                }
+            }
+        })
+        .expect("spawning the refresh thread");
+}
+
+/// In the daemon: tells the waiting parent that the mount is up.
+fn report_ready() {
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: the parent passed this descriptor for us alone; it is closed here once.
+    let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let _ = pipe.write_all(b"ready\n");
+}
+
+/// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
+/// report that the mount is ready.
+fn spawn_daemon(args: &MountArgs) -> Result<()> {
+    let cache_dir = cache_dir(args);
+    std::fs::create_dir_all(&cache_dir)
+        .with_context(|| format!("cannot create {}", cache_dir.display()))?;
+    let log_path = cache_dir.join("ckptfs.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open the log {}", log_path.display()))?;
+    let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
+    let writer_fd = std::os::fd::AsRawFd::as_raw_fd(&writer);
+    let mut command = Command::new(std::env::current_exe().context("cannot find own executable")?);
+    command
+        .args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .env(READY_FD_ENV, writer_fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.try_clone()?);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal
+    // session so that the shell's hang-up does not stop it. Clearing FD_CLOEXEC keeps
+    // the readiness pipe open across exec.
+    unsafe {
+        command.pre_exec(move || {
+            libc::setsid();
+            let flags = libc::fcntl(writer_fd, libc::F_GETFD);
+            libc::fcntl(writer_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().context("cannot start the daemon")?;
+    drop(writer);
+    let mut line = String::new();
+    let _ = BufReader::new(reader).read_line(&mut line);
+    if line.trim() == "ready" {
+        eprintln!(
+            "mounted {} on {} (daemon pid {}, log {})",
+            args.store,
+            args.mountpoint.display(),
+            child.id(),
+            log_path.display()
+        );
+        return Ok(());
+    }
+    let status = child.wait().ok();
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let last = log_text
+        .lines()
+        .rev()
+        .find(|l| l.contains("error"))
+        .unwrap_or("see the log");
+    bail!(
+        "the mount daemon exited ({}) before the mount was ready: {last} (log: {})",
+        status.map_or("unknown status".into(), |s| s.to_string()),
+        log_path.display()
+    )
 }

@@ -1,0 +1,425 @@
+//! Indexes a tar stream in one pass, laying its file contents out for serving.
+//!
+//! The result is what `tar -xzf` would have produced, held as an [`Index`] (the tree,
+//! with every entry's metadata) plus the file contents on local disk:
+//! - files of [`OWN_FILE_THRESHOLD`] bytes and more get a file of their own,
+//!   `files/<node>`, which the mount hands to the kernel as a passthrough backing file;
+//! - smaller files are appended to one `pack` file and served by offset.
+//!
+//! tar semantics are followed where archives are ambiguous: a later duplicate entry
+//! replaces an earlier one, parent directories that only appear implicitly are created,
+//! a leading `/` is stripped (as GNU tar does). Entries with `..` components are
+//! skipped, as are device files and FIFOs, which a checkpoint never honours.
+//! Set-user/group-ID bits are dropped. Every content byte gets an xxh3 checksum, so a
+//! cache entry damaged on disk is detected when it is loaded again.
+//!
+//! Limits on entry count and unpacked size stop hostile archives (gzip bombs) early.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tar::EntryType;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{display_path, extract::clean_path};
+
+/// Files at least this large are stored in a file of their own.
+pub const OWN_FILE_THRESHOLD: u64 = 64 * 1024;
+
+/// Index of the root directory in [`Index::nodes`].
+pub const ROOT: u32 = 0;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Index {
+    pub nodes: Vec<Node>,
+    /// Bytes of file contents on disk (pack plus own files).
+    pub unpacked_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Node {
+    /// Permission bits (`0o7777` without set-ID bits).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+    pub nlink: u32,
+    pub kind: NodeKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum NodeKind {
+    /// Children sorted by name bytes.
+    Dir {
+        children: Vec<(Vec<u8>, u32)>,
+    },
+    File {
+        size: u64,
+        location: FileLocation,
+        checksum: u64,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FileLocation {
+    /// At this offset in `pack`.
+    Packed { offset: u64 },
+    /// In `files/<node index>`.
+    Own,
+}
+
+impl Index {
+    pub fn node(&self, index: u32) -> Option<&Node> {
+        self.nodes.get(index as usize)
+    }
+
+    /// The child `name` of directory `dir`.
+    pub fn lookup(&self, dir: u32, name: &[u8]) -> Option<u32> {
+        match &self.node(dir)?.kind {
+            NodeKind::Dir { children } => children
+                .binary_search_by(|(n, _)| n.as_slice().cmp(name))
+                .ok()
+                .map(|i| children[i].1),
+            _ => None,
+        }
+    }
+}
+
+/// Where a node's own file lives inside a checkpoint's cache directory.
+pub fn own_file_path(dir: &Path, node: u32) -> PathBuf {
+    dir.join("files").join(node.to_string())
+}
+
+pub fn pack_path(dir: &Path) -> PathBuf {
+    dir.join("pack")
+}
+
+/// Creates a new file readable by its owner only: cached checkpoint contents are not
+/// for other users of the machine, whatever their modes in the archive.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_entries: u64,
+    pub max_unpacked_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("the archive has more than {0} entries")]
+    TooManyEntries(u64),
+    #[error("the archive unpacks to more than {0} bytes")]
+    TooLarge(u64),
+    #[error("the archive is not a valid tar.gz: {0}")]
+    Corrupt(io::Error),
+    #[error("cannot write the cache ({}): {source}", path.display())]
+    Cache {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+struct Builder<'a> {
+    out_dir: &'a Path,
+    nodes: Vec<Node>,
+    /// Directory children while building; turned into sorted vectors at the end.
+    children: Vec<Option<BTreeMap<Vec<u8>, u32>>>,
+    pack: BufWriter<File>,
+    pack_len: u64,
+    /// Bytes written to own files so far.
+    own_len: u64,
+    limits: Limits,
+    default_mtime: i64,
+    entries: u64,
+}
+
+/// Reads the whole tar stream, writing contents under `out_dir` (which must exist and
+/// be empty). `default_mtime` dates directories that only appear implicitly.
+pub fn build(
+    tar: impl Read,
+    out_dir: &Path,
+    limits: Limits,
+    default_mtime: i64,
+) -> Result<Index, IndexError> {
+    let cache_err = |path: PathBuf| move |source| IndexError::Cache { path, source };
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(out_dir.join("files"))
+        .map_err(cache_err(out_dir.join("files")))?;
+    let pack_file = create_private(&pack_path(out_dir)).map_err(cache_err(pack_path(out_dir)))?;
+    let mut builder = Builder {
+        out_dir,
+        nodes: Vec::new(),
+        children: Vec::new(),
+        pack: BufWriter::with_capacity(1 << 20, pack_file),
+        pack_len: 0,
+        own_len: 0,
+        limits,
+        default_mtime,
+        entries: 0,
+    };
+    builder.new_dir(0o755, 0, 0, default_mtime);
+    let mut archive = tar::Archive::new(tar);
+    for entry in archive.entries().map_err(IndexError::Corrupt)? {
+        let entry = entry.map_err(IndexError::Corrupt)?;
+        builder.add(entry)?;
+    }
+    builder.finish()
+}
+
+impl Builder<'_> {
+    fn new_node(&mut self, node: Node) -> u32 {
+        self.nodes.push(node);
+        self.children.push(None);
+        (self.nodes.len() - 1) as u32
+    }
+
+    fn new_dir(&mut self, mode: u32, uid: u32, gid: u32, mtime: i64) -> u32 {
+        let index = self.new_node(Node {
+            mode,
+            uid,
+            gid,
+            mtime,
+            nlink: 2,
+            kind: NodeKind::Dir {
+                children: Vec::new(),
+            },
+        });
+        self.children[index as usize] = Some(BTreeMap::new());
+        index
+    }
+
+    fn child(&self, dir: u32, name: &[u8]) -> Option<u32> {
+        self.children[dir as usize].as_ref()?.get(name).copied()
+    }
+
+    /// The directory at `parts`, creating missing ones; `None` if a non-directory is in
+    /// the way (tar would fail that entry too).
+    fn dir_at(&mut self, parts: &[&[u8]]) -> Option<u32> {
+        let mut dir = ROOT;
+        for part in parts {
+            dir = match self.child(dir, part) {
+                Some(child) if self.children[child as usize].is_some() => child,
+                Some(_) => return None,
+                None => {
+                    let child = self.new_dir(0o755, 0, 0, self.default_mtime);
+                    self.link(dir, part, child);
+                    child
+                }
+            };
+        }
+        Some(dir)
+    }
+
+    /// Points `dir/name` at `node`, unlinking whatever was there.
+    fn link(&mut self, dir: u32, name: &[u8], node: u32) {
+        let previous = self.children[dir as usize]
+            .as_mut()
+            .expect("link into a directory")
+            .insert(name.to_vec(), node);
+        if let Some(previous) = previous {
+            let old = &mut self.nodes[previous as usize];
+            old.nlink = old.nlink.saturating_sub(1);
+        }
+    }
+
+    fn add<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> Result<(), IndexError> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(IndexError::TooManyEntries(self.limits.max_entries));
+        }
+        let raw = entry.path_bytes().into_owned();
+        let trimmed = raw.strip_prefix(b"/").unwrap_or(&raw);
+        let parts = match clean_path(trimmed) {
+            Ok(parts) => parts,
+            Err(reason) => {
+                tracing::warn!(entry = %display_path(&raw), "skipping entry: {reason}");
+                return Ok(());
+            }
+        };
+        let header = entry.header();
+        let kind = header.entry_type();
+        let mode = header.mode().unwrap_or(0o644) & 0o1777;
+        let uid = header.uid().unwrap_or(0) as u32;
+        let gid = header.gid().unwrap_or(0) as u32;
+        let mtime = header.mtime().unwrap_or(0) as i64;
+        let Some((name, parents)) = parts.split_last() else {
+            // The archive's own root (`./`): its attributes become the root's.
+            if kind == EntryType::Directory {
+                let root = &mut self.nodes[ROOT as usize];
+                (root.mode, root.uid, root.gid, root.mtime) = (mode, uid, gid, mtime);
+            }
+            return Ok(());
+        };
+        let Some(parent) = self.dir_at(parents) else {
+            tracing::warn!(entry = %display_path(&raw), "skipping entry: a parent is not a directory");
+            return Ok(());
+        };
+        let attrs = |kind| Node {
+            mode,
+            uid,
+            gid,
+            mtime,
+            nlink: 1,
+            kind,
+        };
+        match kind {
+            EntryType::Directory => match self.child(parent, name) {
+                Some(existing) if self.children[existing as usize].is_some() => {
+                    let dir = &mut self.nodes[existing as usize];
+                    (dir.mode, dir.uid, dir.gid, dir.mtime) = (mode, uid, gid, mtime);
+                }
+                _ => {
+                    let dir = self.new_dir(mode, uid, gid, mtime);
+                    self.link(parent, name, dir);
+                }
+            },
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                let node = self.new_node(attrs(NodeKind::Symlink { target: Vec::new() }));
+                let (size, location, checksum) = self.store_contents(&mut entry, node)?;
+                self.nodes[node as usize].kind = NodeKind::File {
+                    size,
+                    location,
+                    checksum,
+                };
+                self.link(parent, name, node);
+            }
+            EntryType::Symlink => {
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default();
+                let node = self.new_node(attrs(NodeKind::Symlink { target }));
+                self.link(parent, name, node);
+            }
+            EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default();
+                let target_trimmed = target.strip_prefix(b"/").unwrap_or(&target);
+                let found = clean_path(target_trimmed).ok().and_then(|tparts| {
+                    let (tname, tparents) = tparts.split_last()?;
+                    let mut dir = ROOT;
+                    for part in tparents {
+                        dir = self.child(dir, part)?;
+                    }
+                    self.child(dir, tname)
+                });
+                match found {
+                    Some(node) if self.children[node as usize].is_none() => {
+                        if self.child(parent, name) != Some(node) {
+                            self.nodes[node as usize].nlink += 1;
+                            self.link(parent, name, node);
+                        }
+                    }
+                    _ => tracing::warn!(
+                        entry = %display_path(&raw),
+                        target = %display_path(&target),
+                        "skipping hard link to a file not in the archive"
+                    ),
+                }
+            }
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                tracing::debug!(entry = %display_path(&raw), "skipping device file or FIFO");
+            }
+            other => {
+                tracing::debug!(entry = %display_path(&raw), kind = ?other, "skipping entry");
+            }
+        }
+        Ok(())
+    }
+
+    fn store_contents(
+        &mut self,
+        entry: &mut impl Read,
+        node: u32,
+    ) -> Result<(u64, FileLocation, u64), IndexError> {
+        let mut hasher = Xxh3::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        // Small files are read whole first, so that they can go into the pack.
+        let mut head = Vec::new();
+        entry
+            .take(OWN_FILE_THRESHOLD)
+            .read_to_end(&mut head)
+            .map_err(IndexError::Corrupt)?;
+        let mut size = head.len() as u64;
+        self.check_unpacked(size)?;
+        hasher.update(&head);
+        if size < OWN_FILE_THRESHOLD {
+            let offset = self.pack_len;
+            let pack = pack_path(self.out_dir);
+            self.pack
+                .write_all(&head)
+                .map_err(|source| IndexError::Cache { path: pack, source })?;
+            self.pack_len += size;
+            return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
+        }
+        let path = own_file_path(self.out_dir, node);
+        let cache_err = |source| IndexError::Cache {
+            path: path.clone(),
+            source,
+        };
+        let mut file = create_private(&path).map_err(cache_err)?;
+        file.write_all(&head).map_err(cache_err)?;
+        loop {
+            let n = match entry.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(IndexError::Corrupt(e)),
+            };
+            size += n as u64;
+            self.check_unpacked(size)?;
+            hasher.update(&buf[..n]);
+            file.write_all(&buf[..n]).map_err(cache_err)?;
+        }
+        self.own_len += size;
+        Ok((size, FileLocation::Own, hasher.digest()))
+    }
+
+    fn check_unpacked(&self, current_file: u64) -> Result<(), IndexError> {
+        if self.pack_len + self.own_len + current_file > self.limits.max_unpacked_bytes {
+            return Err(IndexError::TooLarge(self.limits.max_unpacked_bytes));
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Index, IndexError> {
+        let pack = pack_path(self.out_dir);
+        self.pack
+            .flush()
+            .map_err(|source| IndexError::Cache { path: pack, source })?;
+        for (index, children) in self.children.into_iter().enumerate() {
+            if let Some(children) = children {
+                let subdirs = children
+                    .values()
+                    .filter(|&&c| matches!(self.nodes[c as usize].kind, NodeKind::Dir { .. }))
+                    .count();
+                let node = &mut self.nodes[index];
+                node.nlink = 2 + subdirs as u32;
+                node.kind = NodeKind::Dir {
+                    children: children.into_iter().collect(),
+                };
+            }
+        }
+        Ok(Index {
+            nodes: self.nodes,
+            unpacked_bytes: self.pack_len + self.own_len,
+        })
+    }
+}

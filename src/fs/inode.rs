@@ -1,0 +1,92 @@
+//! Inode numbers: fixed ones for the virtual tree, and a 32-bit range per checkpoint.
+//!
+//! Checkpoint `slot` (its position in the order the mount first saw checkpoints)
+//! owns `(slot + 1) << 32 ..`: the first number is its `by-time/` link, then one per
+//! index node, the checkpoint's root directory first. Node numbers come from the
+//! archive's contents alone, so they stay the same if an evicted checkpoint is loaded
+//! again, and slots are never reused within a mount.
+
+pub const ROOT: u64 = 1;
+pub const BY_TIME: u64 = 2;
+pub const LATEST: u64 = 3;
+pub const STAGING: u64 = 4;
+pub const COMMIT: u64 = 5;
+pub const STATUS: u64 = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inode {
+    Root,
+    ByTime,
+    Latest,
+    Staging,
+    Commit,
+    Status,
+    /// `by-time/<time>-<short id>`, a symlink to the checkpoint.
+    ByTimeLink {
+        slot: usize,
+    },
+    /// A node of a checkpoint's index; node 0 is the checkpoint's directory.
+    Node {
+        slot: usize,
+        node: u32,
+    },
+}
+
+impl Inode {
+    pub fn decode(ino: u64) -> Option<Inode> {
+        Some(match ino {
+            ROOT => Inode::Root,
+            BY_TIME => Inode::ByTime,
+            LATEST => Inode::Latest,
+            STAGING => Inode::Staging,
+            COMMIT => Inode::Commit,
+            STATUS => Inode::Status,
+            _ => {
+                let slot = (ino >> 32).checked_sub(1)? as usize;
+                match ino & 0xFFFF_FFFF {
+                    0 => Inode::ByTimeLink { slot },
+                    n => Inode::Node {
+                        slot,
+                        node: (n - 1) as u32,
+                    },
+                }
+            }
+        })
+    }
+
+    pub fn encode(self) -> u64 {
+        match self {
+            Inode::Root => ROOT,
+            Inode::ByTime => BY_TIME,
+            Inode::Latest => LATEST,
+            Inode::Staging => STAGING,
+            Inode::Commit => COMMIT,
+            Inode::Status => STATUS,
+            Inode::ByTimeLink { slot } => (slot as u64 + 1) << 32,
+            Inode::Node { slot, node } => ((slot as u64 + 1) << 32) + node as u64 + 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for inode in [
+            Inode::Root,
+            Inode::Status,
+            Inode::ByTimeLink { slot: 0 },
+            Inode::Node { slot: 0, node: 0 },
+            Inode::Node {
+                slot: 7,
+                node: 123_456,
+            },
+            Inode::ByTimeLink { slot: 99_999 },
+        ] {
+            assert_eq!(Inode::decode(inode.encode()), Some(inode));
+        }
+        assert_eq!(Inode::decode(7), None);
+    }
+}
