@@ -21,6 +21,7 @@ use std::fs::{self, DirBuilder, File};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -100,6 +101,18 @@ pub struct Cache {
     max_bytes: u64,
     /// Entries on disk, least recently used last, with their sizes in bytes.
     entries: Mutex<LruCache<CheckpointId, u64>>,
+    /// Checkpoints downloaded, and checkpoints served from disk after a check.
+    downloads: AtomicU64,
+    reuses: AtomicU64,
+}
+
+/// What the cache has done so far, for `.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub used_bytes: u64,
+    pub entries: usize,
+    pub downloads: u64,
+    pub reuses: u64,
 }
 
 fn private_dir(path: &Path) -> Result<(), CacheError> {
@@ -158,6 +171,8 @@ impl Cache {
             checkpoints,
             max_bytes,
             entries: Mutex::new(entries),
+            downloads: AtomicU64::new(0),
+            reuses: AtomicU64::new(0),
         })
     }
 
@@ -165,14 +180,14 @@ impl Cache {
         self.checkpoints.join(id.as_str())
     }
 
-    /// Bytes the cache holds now.
-    pub fn used_bytes(&self) -> u64 {
-        self.entries
-            .lock()
-            .expect("cache lock")
-            .iter()
-            .map(|(_, s)| s)
-            .sum()
+    pub fn stats(&self) -> CacheStats {
+        let entries = self.entries.lock().expect("cache lock");
+        CacheStats {
+            used_bytes: entries.iter().map(|(_, s)| s).sum(),
+            entries: entries.len(),
+            downloads: self.downloads.load(Ordering::Relaxed),
+            reuses: self.reuses.load(Ordering::Relaxed),
+        }
     }
 
     /// A verified checkpoint: from disk if an intact copy is there, otherwise
@@ -190,6 +205,7 @@ impl Cache {
             match open_entry(id, &dir) {
                 Ok(checkpoint) => {
                     self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+                    self.reuses.fetch_add(1, Ordering::Relaxed);
                     return Ok(Arc::new(checkpoint));
                 }
                 Err(e) => {
@@ -206,6 +222,7 @@ impl Cache {
                 .map_or(0, |d| d.as_nanos())
         ));
         private_dir(&partial)?;
+        self.downloads.fetch_add(1, Ordering::Relaxed);
         let result = fetch_into(store, id, &partial, max_archive_size, limits, default_mtime)
             .and_then(|()| fs::rename(&partial, &dir).map_err(io_err(&dir)));
         if let Err(e) = result {

@@ -134,8 +134,6 @@ pub struct CheckpointFs {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     mounted_at: SystemTime,
-    /// Completed downloads, for `.status` and the tests.
-    downloads: AtomicU64,
 }
 
 fn by_time_name(info: &CheckpointInfo) -> Vec<u8> {
@@ -178,7 +176,6 @@ impl CheckpointFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
-            downloads: AtomicU64::new(0),
         });
         fs.rebuild_views(&mut fs.lock());
         fs
@@ -331,7 +328,6 @@ impl CheckpointFs {
             let new = match result {
                 Ok(checkpoint) => {
                     tracing::info!(checkpoint = %info.id, elapsed = ?started.elapsed(), "checkpoint verified");
-                    self.downloads.fetch_add(1, Ordering::Relaxed);
                     Load::Loaded(checkpoint)
                 }
                 Err(e) => {
@@ -713,11 +709,6 @@ impl CheckpointFs {
         self.handles.lock().expect("handles lock").remove(&fh);
     }
 
-    /// Number of checkpoints this mount has downloaded or loaded from the cache.
-    pub fn loads(&self) -> u64 {
-        self.downloads.load(Ordering::Relaxed)
-    }
-
     pub fn status_text(&self) -> Vec<u8> {
         self.status_text_locked(&self.lock())
     }
@@ -730,10 +721,14 @@ impl CheckpointFs {
         if let Some(error) = &state.listing_error {
             text += &format!("# listing failed: {error}\n");
         }
+        let cache = self.cache.stats();
         text += &format!(
-            "# checkpoints: {}, cache: {} bytes\n",
+            "# checkpoints: {}; cache: {} bytes in {} checkpoints; downloads: {}; loaded from cache: {}\n",
             state.order.len(),
-            self.cache.used_bytes()
+            cache.used_bytes,
+            cache.entries,
+            cache.downloads,
+            cache.reuses,
         );
         for &slot in &state.order {
             let Slot { info, load, .. } = &state.slots[slot];
