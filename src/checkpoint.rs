@@ -248,6 +248,28 @@ pub fn open(
     })
 }
 
+/// Reads an archive file on local disk as checkpoint `id`, with the same checks as a
+/// download: used for archives this process wrote, so that what is served is still
+/// only what hashed to the name.
+pub fn open_local(
+    id: &CheckpointId,
+    path: &Path,
+) -> Result<VerifyingReader<Box<dyn Read + Send>>, CheckpointError> {
+    let io_err = |source| CheckpointError::Io {
+        context: format!("open {}", path.display()),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io_err)?;
+    let announced = file.metadata().map_err(io_err)?.len();
+    Ok(VerifyingReader {
+        id: id.clone(),
+        inner: Box::new(file),
+        hasher: Sha256::new(),
+        read: 0,
+        announced,
+    })
+}
+
 /// Downloads and checks one checkpoint, keeping nothing.
 pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
     open(store, id, u64::MAX)?.finish().map(drop)
@@ -275,6 +297,15 @@ pub fn put(
     options: &PutOptions<'_>,
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
+    let (archive, written) = write_archive_file(dir, options)?;
+    store_archive(store, archive.path(), &written, progress)
+}
+
+/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way.
+pub fn write_archive_file(
+    dir: &Path,
+    options: &PutOptions<'_>,
+) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
     let temp = tempfile::Builder::new()
         .prefix(".ckptfs-put-")
         .tempfile_in(options.temp_dir)
@@ -290,7 +321,7 @@ pub fn put(
             threads: options.threads,
         },
     )?;
-    store_archive(store, temp.path(), &written, progress)
+    Ok((temp, written))
 }
 
 /// Stores an archive already written (and hashed) at `path`.

@@ -29,7 +29,7 @@ use lru::LruCache;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::archive::index::{self, FileLocation, Index, IndexError, Limits, NodeKind};
-use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure};
+use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::store::ObjectStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -214,6 +214,37 @@ impl Cache {
                 }
             }
         }
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        let reader = checkpoint::open(store, id, max_archive_size)?;
+        self.insert(id, reader, limits, default_mtime)
+    }
+
+    /// Indexes an archive this process wrote (a sealed workspace), so that it is
+    /// served without downloading it back.
+    pub fn insert_local(
+        &self,
+        id: &CheckpointId,
+        archive: &Path,
+        limits: Limits,
+        default_mtime: i64,
+    ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
+        self.remove(id);
+        self.insert(
+            id,
+            checkpoint::open_local(id, archive)?,
+            limits,
+            default_mtime,
+        )
+    }
+
+    fn insert(
+        &self,
+        id: &CheckpointId,
+        reader: VerifyingReader<Box<dyn Read + Send>>,
+        limits: Limits,
+        default_mtime: i64,
+    ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
+        let dir = self.entry_dir(id);
         let partial = self.checkpoints.join(format!(
             "{id}.partial-{}-{}",
             std::process::id(),
@@ -222,8 +253,7 @@ impl Cache {
                 .map_or(0, |d| d.as_nanos())
         ));
         private_dir(&partial)?;
-        self.downloads.fetch_add(1, Ordering::Relaxed);
-        let result = fetch_into(store, id, &partial, max_archive_size, limits, default_mtime)
+        let result = index_into(reader, &partial, limits, default_mtime)
             .and_then(|()| fs::rename(&partial, &dir).map_err(io_err(&dir)));
         if let Err(e) = result {
             let _ = fs::remove_dir_all(&partial);
@@ -284,15 +314,14 @@ impl Cache {
     }
 }
 
-fn fetch_into(
-    store: &dyn ObjectStore,
-    id: &CheckpointId,
+/// Indexes the checkpoint stream `reader` into `dir`, which appears complete only if
+/// the stream verified.
+fn index_into(
+    mut reader: VerifyingReader<Box<dyn Read + Send>>,
     dir: &Path,
-    max_archive_size: u64,
     limits: Limits,
     default_mtime: i64,
 ) -> Result<(), CacheError> {
-    let mut reader = checkpoint::open(store, id, max_archive_size)?;
     let built = {
         let gz =
             flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, &mut reader));

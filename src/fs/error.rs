@@ -24,8 +24,26 @@ pub enum FsError {
         #[source]
         source: CacheError,
     },
+    /// Reading a verified checkpoint from the cache failed: never the caller's fault.
     #[error("reading the cache: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// A staging operation failed on the backing directory; its errno is passed on.
+    #[error("{0}")]
+    Os(std::io::Error),
+    #[error("the inode is no longer known")]
+    Stale,
+    #[error("it is being sealed")]
+    Busy,
+    #[error("already exists")]
+    Exists,
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Store(String),
+    #[error("{0}")]
+    NotPermitted(&'static str),
+    #[error("invalid argument")]
+    InvalidArgument,
 }
 
 impl FsError {
@@ -37,7 +55,17 @@ impl FsError {
             FsError::IsADirectory => libc::EISDIR,
             FsError::NotASymlink => libc::EINVAL,
             FsError::BadHandle => libc::EBADF,
-            FsError::Unverified { .. } | FsError::Cache { .. } | FsError::Io(_) => libc::EIO,
+            FsError::Unverified { .. }
+            | FsError::Cache { .. }
+            | FsError::Io(_)
+            | FsError::Store(_) => libc::EIO,
+            FsError::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            FsError::Stale => libc::ESTALE,
+            FsError::Busy => libc::EBUSY,
+            FsError::Exists => libc::EEXIST,
+            FsError::TooLarge(_) => libc::EFBIG,
+            FsError::NotPermitted(_) => libc::EPERM,
+            FsError::InvalidArgument => libc::EINVAL,
         }
     }
 
@@ -50,6 +78,9 @@ impl FsError {
                 | FsError::NotADirectory
                 | FsError::IsADirectory
                 | FsError::NotASymlink
+                | FsError::Os(_)
+                | FsError::Exists
+                | FsError::Busy
         )
     }
 }

@@ -3,53 +3,67 @@
 //!
 //! Operations that need a checkpoint's contents are deferred with
 //! [`CheckpointFs::ensure_loaded`] so that the request threads stay free while a
-//! checkpoint downloads; their reply is sent from the loader thread. Errors are
-//! logged once here, with the errno sent.
+//! checkpoint downloads; their reply is sent from the loader thread, as seal replies
+//! are sent from the seal's thread. Errors are logged once here, with the errno sent.
+//!
+//! Kernel caches: checkpoint contents never change, so their entries and attributes
+//! are cached for a day and their pages kept across opens. Top-level names in
+//! `staging/` and `commit/` are never cached, because `mv staging/NAME commit/`
+//! turns a directory into a symlink under the kernel's feet.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CheckpointFs, FileKind, FsError};
+use super::inode::{self, Inode};
+use super::{
+    Attr, Caller, CheckpointFs, FileKind, FsError, OpenFile, SetAttr, SetTime, StagingTree,
+};
 
-/// How long the kernel may trust what it learns about checkpoint contents, which
-/// never change, and about the virtual tree, which changes with each listing.
 const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
-const VIRTUAL_TTL: Duration = Duration::from_secs(1);
+const MUTABLE_TTL: Duration = Duration::from_secs(1);
+const UNCACHED: Duration = Duration::ZERO;
+
+type Backing = Arc<Mutex<HashMap<u64, BackingId>>>;
 
 pub struct FuseAdapter {
     fs: Arc<CheckpointFs>,
-    /// Cleared when the kernel refuses backing files (old kernel, no CAP_SYS_ADMIN).
-    passthrough: AtomicBool,
+    /// Cleared when the kernel does not offer backing files.
+    passthrough: Arc<AtomicBool>,
     /// Keeps each passthrough open's backing id alive until release.
-    backing: Arc<Mutex<HashMap<u64, BackingId>>>,
+    backing: Backing,
+    /// Set once the session exists; used to drop stale kernel entries after a seal.
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<CheckpointFs>) -> Self {
+    pub fn new(fs: Arc<CheckpointFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
         FuseAdapter {
             fs,
-            passthrough: AtomicBool::new(false),
+            passthrough: Arc::new(AtomicBool::new(false)),
             backing: Arc::new(Mutex::new(HashMap::new())),
+            notifier,
         }
     }
 
-    fn ttl(&self, ino: u64) -> Duration {
+    fn attr_ttl(&self, ino: u64) -> Duration {
         if self.fs.is_immutable(ino) {
             IMMUTABLE_TTL
+        } else if matches!(Inode::decode(ino), Some(Inode::CommitLink { .. })) {
+            UNCACHED
         } else {
-            VIRTUAL_TTL
+            MUTABLE_TTL
         }
     }
 
@@ -63,6 +77,33 @@ impl FuseAdapter {
             }
         }
     }
+
+    fn reply_entry(
+        &self,
+        parent: u64,
+        result: Result<Attr, FsError>,
+        operation: &str,
+        reply: ReplyEntry,
+    ) {
+        match result {
+            Ok(attr) => reply.entry(
+                &entry_ttl(&self.fs, parent, attr.ino),
+                &file_attr(&attr),
+                Generation(0),
+            ),
+            Err(e) => reply.error(errno(operation, parent, &e)),
+        }
+    }
+}
+
+fn entry_ttl(fs: &CheckpointFs, parent: u64, ino: u64) -> Duration {
+    if parent == inode::STAGING || parent == inode::COMMIT {
+        UNCACHED
+    } else if fs.is_immutable(ino) {
+        IMMUTABLE_TTL
+    } else {
+        MUTABLE_TTL
+    }
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {
@@ -74,7 +115,11 @@ fn file_attr(attr: &Attr) -> FileAttr {
         mtime: attr.mtime,
         ctime: attr.mtime,
         crtime: attr.mtime,
-        kind: file_type(attr.kind),
+        kind: match attr.kind {
+            FileKind::Directory => FileType::Directory,
+            FileKind::File => FileType::RegularFile,
+            FileKind::Symlink => FileType::Symlink,
+        },
         perm: attr.perm,
         nlink: attr.nlink,
         uid: attr.uid,
@@ -85,28 +130,46 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
-fn file_type(kind: FileKind) -> FileType {
-    match kind {
-        FileKind::Directory => FileType::Directory,
-        FileKind::File => FileType::RegularFile,
-        FileKind::Symlink => FileType::Symlink,
-    }
-}
-
 /// Logs the cause of failures worth knowing about and returns the errno to send.
 fn errno(operation: &str, ino: u64, error: &FsError) -> Errno {
     if error.is_notable() {
-        tracing::warn!(operation, ino, error = %error, "request failed");
+        tracing::warn!(operation, ino, error = %error, errno = error.errno(), "request failed");
     } else {
         tracing::debug!(operation, ino, error = %error, "request refused");
     }
     Errno::from_i32(error.errno())
 }
 
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
+    t.map(|t| match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+    })
+}
+
+fn open_flags(opened: &OpenFile) -> FopenFlags {
+    let mut flags = FopenFlags::empty();
+    if opened.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if opened.direct_io {
+        flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    flags
+}
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_PASSTHROUGH;
-        if config.add_capabilities(wanted).is_ok() && config.set_max_stack_depth(1).is_ok() {
+        if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
             self.passthrough.store(true, Ordering::Relaxed);
         } else {
             tracing::info!(
@@ -114,29 +177,31 @@ impl Filesystem for FuseAdapter {
             );
         }
         let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_write(1 << 20);
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
-        let ttl_fs = Arc::clone(&self.fs);
         self.dispatch(parent.0, false, move |fs| {
-            match fs.lookup(parent.0, &name) {
-                Ok(attr) => {
-                    let ttl = if ttl_fs.is_immutable(attr.ino) {
-                        IMMUTABLE_TTL
-                    } else {
-                        VIRTUAL_TTL
-                    };
-                    reply.entry(&ttl, &file_attr(&attr), Generation(0))
-                }
+            let result = fs.lookup(parent.0, &name);
+            match result {
+                Ok(attr) => reply.entry(
+                    &entry_ttl(fs, parent.0, attr.ino),
+                    &file_attr(&attr),
+                    Generation(0),
+                ),
                 Err(e) => reply.error(errno("lookup", parent.0, &e)),
             }
         });
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let ttl = self.ttl(ino.0);
+        let ttl = self.attr_ttl(ino.0);
         self.dispatch(ino.0, true, move |fs| match fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
             Err(e) => reply.error(errno("getattr", ino.0, &e)),
@@ -151,22 +216,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // Opening a checkpoint's directory is what verifies it: a bad checkpoint
-        // answers EIO here, before any entry is listed.
-        self.dispatch(ino.0, false, move |fs| {
-            match fs.getattr(ino.0).and_then(|a| {
-                if a.kind == FileKind::Directory {
-                    Ok(())
-                } else {
-                    Err(FsError::NotADirectory)
-                }
-            }) {
-                Ok(()) => match fs.readdir(ino.0, u64::MAX, &mut |_, _| true) {
-                    Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-                    Err(e) => reply.error(errno("opendir", ino.0, &e)),
-                },
-                Err(e) => reply.error(errno("opendir", ino.0, &e)),
-            }
+        self.dispatch(ino.0, false, move |fs| match fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno("opendir", ino.0, &e)),
         });
     }
 
@@ -174,16 +226,21 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         self.dispatch(ino.0, false, move |fs| {
-            let result = fs.readdir(ino.0, offset, &mut |entry, next| {
+            let result = fs.readdir(ino.0, fh.0, offset, &mut |entry, next| {
+                let kind = match entry.kind {
+                    FileKind::Directory => FileType::Directory,
+                    FileKind::File => FileType::RegularFile,
+                    FileKind::Symlink => FileType::Symlink,
+                };
                 reply.add(
                     INodeNo(entry.ino),
                     next,
-                    file_type(entry.kind),
+                    kind,
                     OsStr::from_bytes(&entry.name),
                 )
             });
@@ -194,36 +251,94 @@ impl Filesystem for FuseAdapter {
         });
     }
 
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         let passthrough = self.passthrough.load(Ordering::Relaxed);
-        let backing_ids = Arc::clone(&self.backing);
+        let backing = Arc::clone(&self.backing);
         self.dispatch(ino.0, false, move |fs| {
-            let opened = match fs.open(ino.0, write) {
+            let opened = match fs.open(ino.0, flags.0) {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
-            let mut flags = FopenFlags::empty();
-            if opened.keep_cache {
-                flags |= FopenFlags::FOPEN_KEEP_CACHE;
-            }
-            if opened.direct_io {
-                flags |= FopenFlags::FOPEN_DIRECT_IO;
-            }
             if passthrough && let Some(file) = &opened.backing {
                 match reply.open_backing(file) {
                     Ok(id) => {
-                        reply.opened_passthrough(FileHandle(opened.fh), flags, &id);
-                        backing_ids.lock().expect("backing lock").insert(opened.fh, id);
+                        // The kernel refuses cache flags with passthrough (EIO): the
+                        // page cache is the backing file's own anyway.
+                        reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &id);
+                        backing.lock().expect("backing lock").insert(opened.fh, id);
                         return;
                     }
-                    Err(e) => {
-                        tracing::info!(error = %e, "passthrough refused; serving reads in user space");
-                    }
+                    Err(e) => tracing::debug!(error = %e, "passthrough refused; serving reads in user space"),
                 }
             }
-            reply.opened(FileHandle(opened.fh), flags);
+            reply.opened(FileHandle(opened.fh), open_flags(&opened));
         });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (attr, opened) =
+            match self
+                .fs
+                .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req))
+            {
+                Ok(created) => created,
+                Err(e) => return reply.error(errno("create", parent.0, &e)),
+            };
+        let ttl = entry_ttl(&self.fs, parent.0, attr.ino);
+        let fuse_attr = file_attr(&attr);
+        let fopen = open_flags(&opened);
+        if self.passthrough.load(Ordering::Relaxed)
+            && let Some(file) = &opened.backing
+        {
+            match reply.open_backing(file) {
+                Ok(id) => {
+                    reply.created_passthrough(
+                        &ttl,
+                        &fuse_attr,
+                        Generation(0),
+                        FileHandle(opened.fh),
+                        FopenFlags::empty(),
+                        &id,
+                    );
+                    self.backing
+                        .lock()
+                        .expect("backing lock")
+                        .insert(opened.fh, id);
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "passthrough refused; serving writes in user space")
+                }
+            }
+        }
+        reply.created(
+            &ttl,
+            &fuse_attr,
+            Generation(0),
+            FileHandle(opened.fh),
+            fopen,
+        );
     }
 
     fn read(
@@ -243,6 +358,49 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(fh.0, offset, data) {
+            Ok(written) => reply.written(written),
+            Err(e) => reply.error(errno("write", ino.0, &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("fsync", ino.0, &e)),
+        }
+    }
+
     fn release(
         &self,
         _req: &Request,
@@ -258,14 +416,24 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                255,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno("statfs", ino.0, &e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // `default_permissions` makes the kernel check modes itself.
         reply.ok();
     }
 
@@ -275,13 +443,13 @@ impl Filesystem for FuseAdapter {
         _ino: INodeNo,
         _name: &OsStr,
         _size: u32,
-        reply: fuser::ReplyXattr,
+        reply: ReplyXattr,
     ) {
-        // Archives' extended attributes are not kept.
+        // Extended attributes are not part of checkpoints.
         reply.error(Errno::from_i32(libc::ENODATA));
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
         if size == 0 {
             reply.size(0);
         } else {
@@ -289,37 +457,37 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
-    }
-
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        // `default_permissions` makes the kernel check modes itself.
-        reply.ok();
-    }
-
-    // Everything below would change the tree: checkpoints are read-only, and so is
-    // the virtual tree around them.
-
     fn setattr(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(errno("setattr", ino.0, &FsError::ReadOnly));
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+            fh: fh.map(|f| f.0),
+        };
+        match self.fs.setattr(ino.0, set) {
+            Ok(attr) => reply.attr(&self.attr_ttl(ino.0), &file_attr(&attr)),
+            Err(e) => reply.error(errno("setattr", ino.0, &e)),
+        }
     }
 
     fn mknod(
@@ -332,90 +500,102 @@ impl Filesystem for FuseAdapter {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(errno("mknod", parent.0, &FsError::ReadOnly));
+        // Device files and FIFOs are never part of a checkpoint.
+        reply.error(errno(
+            "mknod",
+            parent.0,
+            &FsError::NotPermitted("device files and FIFOs are not supported"),
+        ));
     }
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(errno("mkdir", parent.0, &FsError::ReadOnly));
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno("unlink", parent.0, &FsError::ReadOnly));
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno("rmdir", parent.0, &FsError::ReadOnly));
+        let result = self
+            .fs
+            .mkdir(parent.0, name.as_bytes(), mode & !umask, caller(req));
+        self.reply_entry(parent.0, result, "mkdir", reply);
     }
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
+        link_name: &OsStr,
+        target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(errno("symlink", parent.0, &FsError::ReadOnly));
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(errno("rename", parent.0, &FsError::ReadOnly));
+        let result = self.fs.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            caller(req),
+        );
+        self.reply_entry(parent.0, result, "symlink", reply);
     }
 
     fn link(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(errno("link", ino.0, &FsError::ReadOnly));
+        let result = self.fs.link(ino.0, newparent.0, newname.as_bytes());
+        self.reply_entry(newparent.0, result, "link", reply);
     }
 
-    fn create(
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("unlink", parent.0, &e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("rmdir", parent.0, &e)),
+        }
+    }
+
+    fn rename(
         &self,
         _req: &Request,
         parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
     ) {
-        reply.error(errno("create", parent.0, &FsError::ReadOnly));
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        reply.error(errno("write", ino.0, &FsError::ReadOnly));
+        let notifier = Arc::clone(&self.notifier);
+        let committed = newname.to_owned();
+        self.fs.rename(
+            (parent.0, name.as_bytes()),
+            (newparent.0, newname.as_bytes()),
+            flags.bits(),
+            Box::new(move |result| match result {
+                Ok(()) => {
+                    reply.ok();
+                    if newparent.0 == inode::COMMIT
+                        && let Some(notifier) = notifier.get()
+                    {
+                        // The kernel moved the staged directory's entry to commit/NAME;
+                        // it is a symlink now. (Uncached entries make this a courtesy.)
+                        let _ = notifier.inval_entry(INodeNo(inode::COMMIT), &committed);
+                    }
+                }
+                Err(e) => reply.error(errno("rename", parent.0, &e)),
+            }),
+        );
     }
 
     fn setxattr(
@@ -428,10 +608,21 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(errno("setxattr", ino.0, &FsError::ReadOnly));
+        // Extended attributes (and ACLs) are not part of checkpoints: "not supported"
+        // lets `cp -a` and `rsync -a` carry on without them.
+        let errno = if StagingTree::owns_inode(ino.0) {
+            libc::ENOTSUP
+        } else {
+            libc::EROFS
+        };
+        reply.error(Errno::from_i32(errno));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno("removexattr", ino.0, &FsError::ReadOnly));
+        reply.error(Errno::from_i32(if StagingTree::owns_inode(ino.0) {
+            libc::ENODATA
+        } else {
+            libc::EROFS
+        }));
     }
 }

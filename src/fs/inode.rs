@@ -13,6 +13,11 @@ pub const STAGING: u64 = 4;
 pub const COMMIT: u64 = 5;
 pub const STATUS: u64 = 6;
 
+/// Staged files and directories (see [`super::staging`]) carry this bit.
+pub const STAGED_BIT: u64 = 1 << 63;
+/// `commit/NAME` links carry this bit, with their position in `commit/`.
+pub const COMMIT_LINK_BIT: u64 = 1 << 62;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inode {
     Root,
@@ -30,6 +35,12 @@ pub enum Inode {
         slot: usize,
         node: u32,
     },
+    /// Something below `staging/`.
+    Staged(u64),
+    /// `commit/NAME`, a symlink to the sealed checkpoint.
+    CommitLink {
+        index: usize,
+    },
 }
 
 impl Inode {
@@ -41,6 +52,10 @@ impl Inode {
             STAGING => Inode::Staging,
             COMMIT => Inode::Commit,
             STATUS => Inode::Status,
+            _ if ino & STAGED_BIT != 0 => Inode::Staged(ino),
+            _ if ino & COMMIT_LINK_BIT != 0 => Inode::CommitLink {
+                index: (ino & !COMMIT_LINK_BIT) as usize,
+            },
             _ => {
                 let slot = (ino >> 32).checked_sub(1)? as usize;
                 match ino & 0xFFFF_FFFF {
@@ -64,6 +79,8 @@ impl Inode {
             Inode::Status => STATUS,
             Inode::ByTimeLink { slot } => (slot as u64 + 1) << 32,
             Inode::Node { slot, node } => ((slot as u64 + 1) << 32) + node as u64 + 1,
+            Inode::Staged(ino) => ino,
+            Inode::CommitLink { index } => COMMIT_LINK_BIT | index as u64,
         }
     }
 }
@@ -84,6 +101,8 @@ mod tests {
                 node: 123_456,
             },
             Inode::ByTimeLink { slot: 99_999 },
+            Inode::Staged(STAGED_BIT | 12345),
+            Inode::CommitLink { index: 3 },
         ] {
             assert_eq!(Inode::decode(inode.encode()), Some(inode));
         }

@@ -13,10 +13,12 @@
 //!   answers EIO with its reason in `.status`; a later access tries again;
 //! - checkpoint contents never change, so the adapter may let the kernel cache them.
 
+pub mod commit;
 pub mod error;
 pub mod fuse;
 pub mod inode;
 pub mod mount;
+pub mod staging;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -32,6 +34,7 @@ use crate::store::{ObjectStore, StoreError};
 
 pub use error::FsError;
 use inode::Inode;
+pub use staging::{Caller, SetAttr, SetTime, StagingTree};
 
 /// A failed verification is reported as is to accesses within this time, so that one
 /// `ls` does not download a bad object once per system call.
@@ -45,6 +48,10 @@ pub struct FsConfig {
     /// Owner of the virtual directories: the mounting user.
     pub uid: u32,
     pub gid: u32,
+    /// Where sealed workspaces are archived before upload.
+    pub work_dir: std::path::PathBuf,
+    /// Compression threads for sealing.
+    pub threads: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +136,8 @@ enum Handle {
 pub struct CheckpointFs {
     store: Arc<dyn ObjectStore>,
     cache: Arc<Cache>,
+    staging: StagingTree,
+    seals: Mutex<commit::Seals>,
     config: FsConfig,
     state: Mutex<State>,
     handles: Mutex<HashMap<u64, Handle>>,
@@ -167,10 +176,17 @@ fn time_from_secs(secs: i64) -> SystemTime {
 }
 
 impl CheckpointFs {
-    pub fn new(store: Arc<dyn ObjectStore>, cache: Arc<Cache>, config: FsConfig) -> Arc<Self> {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        cache: Arc<Cache>,
+        staging: StagingTree,
+        config: FsConfig,
+    ) -> Arc<Self> {
         let fs = Arc::new(CheckpointFs {
             store,
             cache,
+            staging,
+            seals: Mutex::new(commit::Seals::default()),
             config,
             state: Mutex::new(State::default()),
             handles: Mutex::new(HashMap::new()),
@@ -259,6 +275,35 @@ impl CheckpointFs {
         }
         state.root = Arc::new(root);
         state.by_time = Arc::new(by_time);
+    }
+
+    /// Lists a checkpoint this mount just stored, at once, with its verified contents
+    /// when they are at hand.
+    fn add_checkpoint(&self, info: CheckpointInfo, verified: Option<Arc<VerifiedCheckpoint>>) {
+        let mut state = self.lock();
+        let slot = match state.by_id.get(&info.id) {
+            Some(&slot) => slot,
+            None => {
+                state.slots.push(Slot {
+                    info: info.clone(),
+                    listed: false,
+                    load: Load::Unloaded,
+                });
+                let slot = state.slots.len() - 1;
+                state.by_id.insert(info.id.clone(), slot);
+                slot
+            }
+        };
+        if !state.slots[slot].listed {
+            state.slots[slot].listed = true;
+            state.order.push(slot);
+        }
+        if let Some(verified) = verified
+            && !matches!(state.slots[slot].load, Load::Loading(_))
+        {
+            state.slots[slot].load = Load::Loaded(verified);
+        }
+        self.rebuild_views(&mut state);
     }
 
     /// Whether the kernel may cache what it learns about `ino` for a long time.
@@ -435,7 +480,15 @@ impl CheckpointFs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(ino) {
+            return self.staging.getattr(ino);
+        }
         let inode = Inode::decode(ino).ok_or(FsError::NotFound)?;
+        if let Inode::CommitLink { index } = inode {
+            let seals = self.seals.lock().expect("seals lock");
+            seals.sealed.get(index).ok_or(FsError::NotFound)?;
+            return Ok(self.virtual_link(ino, 3 + 64, self.mounted_at));
+        }
         let state = self.lock();
         let newest = state
             .order
@@ -447,7 +500,10 @@ impl CheckpointFs {
                 self.virtual_dir(ino, root_mtime, 2 + state.order.len() as u32 + 3, 0o755)
             }
             Inode::ByTime => self.virtual_dir(ino, root_mtime, 2, 0o555),
-            Inode::Staging | Inode::Commit => self.virtual_dir(ino, self.mounted_at, 2, 0o555),
+            Inode::Commit => self.virtual_dir(ino, self.mounted_at, 2, 0o755),
+            Inode::Staging | Inode::Staged(_) | Inode::CommitLink { .. } => {
+                unreachable!("handled above")
+            }
             Inode::Latest => {
                 let newest = state.order.last().ok_or(FsError::NotFound)?;
                 self.virtual_link(ino, 64, state.slots[*newest].info.last_modified)
@@ -489,7 +545,19 @@ impl CheckpointFs {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.lookup(parent, name);
+        }
         match Inode::decode(parent).ok_or(FsError::NotFound)? {
+            Inode::Commit => {
+                let index = self
+                    .seals
+                    .lock()
+                    .expect("seals lock")
+                    .committed(name)
+                    .ok_or(FsError::NotFound)?;
+                self.getattr(Inode::CommitLink { index }.encode())
+            }
             Inode::Root => {
                 let ino = {
                     let state = self.lock();
@@ -516,7 +584,6 @@ impl CheckpointFs {
                 };
                 self.getattr(ino)
             }
-            Inode::Staging | Inode::Commit => Err(FsError::NotFound),
             Inode::Node { slot, node } => {
                 let checkpoint = self.checkpoint(slot)?;
                 let entry = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
@@ -535,8 +602,16 @@ impl CheckpointFs {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        if StagingTree::owns_inode(ino) {
+            return self.staging.readlink(ino);
+        }
         let state = self.lock();
         match Inode::decode(ino).ok_or(FsError::NotFound)? {
+            Inode::CommitLink { index } => {
+                let seals = self.seals.lock().expect("seals lock");
+                let (_, id) = seals.sealed.get(index).ok_or(FsError::NotFound)?;
+                Ok(format!("../{id}").into_bytes())
+            }
             Inode::Latest => {
                 let newest = state.order.last().ok_or(FsError::NotFound)?;
                 Ok(state.slots[*newest].info.id.as_str().as_bytes().to_vec())
@@ -557,14 +632,40 @@ impl CheckpointFs {
         }
     }
 
-    /// Calls `add(entry, next_offset)` for the entries of directory `ino` from
-    /// `offset` on, until it returns true (the reply buffer is full).
+    /// Opens directory `ino` for listing; returns the handle to list it with.
+    /// Opening a checkpoint's directory is what verifies it: a bad checkpoint answers
+    /// EIO here, before any entry is listed.
+    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        if StagingTree::owns_inode(ino) {
+            return self.staging.opendir(ino);
+        }
+        if self.getattr(ino)?.kind != FileKind::Directory {
+            return Err(FsError::NotADirectory);
+        }
+        if let Some(Inode::Node { slot, .. }) = Inode::decode(ino) {
+            self.checkpoint(slot)?;
+        }
+        Ok(0)
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        if StagingTree::owns_handle(fh) {
+            self.staging.release(fh);
+        }
+    }
+
+    /// Calls `add(entry, next_offset)` for the entries of directory `ino` (opened as
+    /// `fh`) from `offset` on, until it returns true (the reply buffer is full).
     pub fn readdir(
         &self,
         ino: u64,
+        fh: u64,
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, u64) -> bool,
     ) -> Result<(), FsError> {
+        if StagingTree::owns_handle(fh) {
+            return self.staging.readdir(fh, offset, add);
+        }
         let listing = |entries: &Arc<Vec<DirEntry>>,
                        add: &mut dyn FnMut(&DirEntry, u64) -> bool| {
             for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
@@ -582,12 +683,21 @@ impl CheckpointFs {
                 let by_time = Arc::clone(&self.lock().by_time);
                 listing(&by_time, add);
             }
-            Inode::Staging | Inode::Commit => {
-                let dots = Arc::new(vec![
+            Inode::Commit => {
+                let mut entries = vec![
                     dir_entry(ino, FileKind::Directory, b"."),
                     dir_entry(inode::ROOT, FileKind::Directory, b".."),
-                ]);
-                listing(&dots, add);
+                ];
+                let seals = self.seals.lock().expect("seals lock");
+                for (index, (name, _)) in seals.sealed.iter().enumerate() {
+                    entries.push(dir_entry(
+                        Inode::CommitLink { index }.encode(),
+                        FileKind::Symlink,
+                        name,
+                    ));
+                }
+                drop(seals);
+                listing(&Arc::new(entries), add);
             }
             Inode::Node { slot, node } => {
                 let checkpoint = self.checkpoint(slot)?;
@@ -617,10 +727,19 @@ impl CheckpointFs {
         Ok(())
     }
 
-    /// Opens a file for reading; any write access is refused.
-    pub fn open(&self, ino: u64, write: bool) -> Result<OpenFile, FsError> {
+    /// Opens a file with `open(2)` flags; checkpoints refuse any write access.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<OpenFile, FsError> {
+        if StagingTree::owns_inode(ino) {
+            let (fh, file) = self.staging.open(ino, flags)?;
+            return Ok(OpenFile {
+                fh,
+                backing: Some(file),
+                keep_cache: false,
+                direct_io: false,
+            });
+        }
         let inode = Inode::decode(ino).ok_or(FsError::NotFound)?;
-        if write {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return Err(FsError::ReadOnly);
         }
         let (handle, backing, keep_cache, direct_io) = match inode {
@@ -634,8 +753,8 @@ impl CheckpointFs {
                 };
                 match location {
                     FileLocation::Own => {
-                        let file = checkpoint.open_own(node)?;
-                        let backing = file.try_clone()?;
+                        let file = checkpoint.open_own(node).map_err(FsError::Io)?;
+                        let backing = file.try_clone().map_err(FsError::Io)?;
                         (
                             Handle::Own {
                                 file,
@@ -674,13 +793,18 @@ impl CheckpointFs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        if StagingTree::owns_handle(fh) {
+            return self.staging.read(fh, offset, size);
+        }
         let handles = self.handles.lock().expect("handles lock");
         match handles.get(&fh).ok_or(FsError::BadHandle)? {
             Handle::Own { file, .. } => {
                 let mut buf = vec![0u8; size as usize];
                 let mut filled = 0;
                 while filled < buf.len() {
-                    let n = file.read_at(&mut buf[filled..], offset + filled as u64)?;
+                    let n = file
+                        .read_at(&mut buf[filled..], offset + filled as u64)
+                        .map_err(FsError::Io)?;
                     if n == 0 {
                         break;
                     }
@@ -695,7 +819,9 @@ impl CheckpointFs {
                 size: file_size,
             } => {
                 let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
-                Ok(checkpoint.read_packed(*start, offset, len)?)
+                Ok(checkpoint
+                    .read_packed(*start, offset, len)
+                    .map_err(FsError::Io)?)
             }
             Handle::Text(text) => {
                 let start = (offset as usize).min(text.len());
@@ -706,7 +832,154 @@ impl CheckpointFs {
     }
 
     pub fn release(&self, fh: u64) {
+        if StagingTree::owns_handle(fh) {
+            return self.staging.release(fh);
+        }
         self.handles.lock().expect("handles lock").remove(&fh);
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        if StagingTree::owns_handle(fh) {
+            return self.staging.write(fh, offset, data);
+        }
+        Err(FsError::ReadOnly)
+    }
+
+    pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
+        if StagingTree::owns_handle(fh) {
+            return self.staging.fsync(fh);
+        }
+        Ok(())
+    }
+
+    pub fn forget(&self, ino: u64, count: u64) {
+        if StagingTree::owns_inode(ino) {
+            self.staging.forget(ino, count);
+        }
+    }
+
+    /// Space of the disk that staging writes to: what `cp` and `df` care about.
+    pub fn statfs(&self) -> Result<rustix::fs::StatVfs, FsError> {
+        self.staging.statfs()
+    }
+
+    /// Why `parent` cannot be changed: checkpoints are read-only, and `commit/` and
+    /// the root only change through seals and listings.
+    fn refuse_change(&self, parent: u64) -> FsError {
+        match Inode::decode(parent) {
+            Some(Inode::Commit | Inode::CommitLink { .. }) => {
+                FsError::NotPermitted("commit/ only takes `mv staging/NAME commit/`")
+            }
+            _ => FsError::ReadOnly,
+        }
+    }
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(ino) {
+            return self.staging.setattr(ino, set);
+        }
+        Err(self.refuse_change(ino))
+    }
+
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.mkdir(parent, name, mode, caller);
+        }
+        Err(self.refuse_change(parent))
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.symlink(parent, name, target, caller);
+        }
+        Err(self.refuse_change(parent))
+    }
+
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(ino) && StagingTree::owns_inode(new_parent) {
+            return self.staging.link(ino, new_parent, new_name);
+        }
+        Err(self.refuse_change(new_parent))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.unlink(parent, name);
+        }
+        Err(self.refuse_change(parent))
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.rmdir(parent, name);
+        }
+        Err(self.refuse_change(parent))
+    }
+
+    /// Creates and opens a file.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, OpenFile), FsError> {
+        if !StagingTree::owns_inode(parent) {
+            return Err(self.refuse_change(parent));
+        }
+        let (attr, fh, file) = self.staging.create(parent, name, mode, flags, caller)?;
+        Ok((
+            attr,
+            OpenFile {
+                fh,
+                backing: Some(file),
+                keep_cache: false,
+                direct_io: false,
+            },
+        ))
+    }
+
+    /// Renames within `staging/`, or seals `staging/NAME` into `commit/NEW`; `done`
+    /// gets the outcome (at once, or when the seal ends).
+    pub fn rename(
+        self: &Arc<Self>,
+        from: (u64, &[u8]),
+        to: (u64, &[u8]),
+        flags: u32,
+        done: commit::SealDone,
+    ) {
+        let ((parent, name), (new_parent, new_name)) = (from, to);
+        if StagingTree::owns_inode(parent) && StagingTree::owns_inode(new_parent) {
+            return done(
+                self.staging
+                    .rename(parent, name, new_parent, new_name, flags),
+            );
+        }
+        if new_parent == inode::COMMIT {
+            if parent != inode::STAGING {
+                return done(Err(FsError::NotPermitted(
+                    "only top-level entries of staging/ can be moved into commit/",
+                )));
+            }
+            if flags & libc::RENAME_EXCHANGE != 0 {
+                return done(Err(FsError::InvalidArgument));
+            }
+            return self.seal(name.to_vec(), new_name.to_vec(), done);
+        }
+        done(Err(self.refuse_change(parent)))
     }
 
     pub fn status_text(&self) -> Vec<u8> {
@@ -730,6 +1003,14 @@ impl CheckpointFs {
             cache.downloads,
             cache.reuses,
         );
+        let seals = self.seals.lock().expect("seals lock");
+        for name in &seals.in_progress {
+            text += &format!("# seal in progress: {}\n", String::from_utf8_lossy(name));
+        }
+        for outcome in &seals.outcomes {
+            text += &format!("# seal {outcome}\n");
+        }
+        drop(seals);
         for &slot in &state.order {
             let Slot { info, load, .. } = &state.slots[slot];
             let status = match load {

@@ -10,14 +10,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fuser::{Config, MountOption, SessionACL};
 
 use super::fuse::FuseAdapter;
-use super::{CheckpointFs, FsConfig};
+use super::{CheckpointFs, FsConfig, StagingTree};
 use crate::archive::index::Limits;
 use crate::cache::Cache;
 use crate::cli::{Cli, MountArgs};
@@ -37,9 +37,23 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
     );
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let staging_dir = args
+        .staging_dir
+        .clone()
+        .unwrap_or_else(|| cache_dir.join("staging"));
+    let staging = StagingTree::at(&staging_dir).with_context(|| {
+        format!(
+            "cannot open the staging directory {}",
+            staging_dir.display()
+        )
+    })?;
+    let work_dir = cache_dir.join("tmp");
+    std::fs::create_dir_all(&work_dir)
+        .with_context(|| format!("cannot create {}", work_dir.display()))?;
     let fs = CheckpointFs::new(
         store,
         cache,
+        staging,
         FsConfig {
             max_archive_size: cli.max_archive_size,
             limits: Limits {
@@ -49,6 +63,8 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
             owner_override: args.owner_self.then_some((uid, gid)),
             uid,
             gid,
+            work_dir,
+            threads: crate::commands::compression_threads(),
         },
     );
     fs.refresh()
@@ -71,8 +87,11 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
     };
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
-    let mut session = fuser::Session::new(FuseAdapter::new(fs), &args.mountpoint, &config)
+    let notifier = Arc::new(OnceLock::new());
+    let adapter = FuseAdapter::new(fs, Arc::clone(&notifier));
+    let mut session = fuser::Session::new(adapter, &args.mountpoint, &config)
         .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
+    let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let mountpoint = args.mountpoint.clone();
     ctrlc::set_handler(move || {

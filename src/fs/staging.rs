@@ -1,0 +1,607 @@
+//! `staging/`: a writable POSIX tree backed by a directory on local disk.
+//!
+//! Every inode the kernel knows is held as an `O_PATH` descriptor of the backing file,
+//! and every operation is a `*at()` call relative to such descriptors, the way
+//! libfuse's passthrough filesystems work: renames, hard links and deletions are
+//! handled by the backing filesystem, and no path bookkeeping can go stale. FUSE
+//! inode numbers are the backing inode numbers with [`STAGING_BIT`] set.
+//!
+//! While a workspace is being sealed, its inodes are *frozen*: any change to them, or
+//! inside them, fails with `EBUSY`, so that the archive is a consistent snapshot. A
+//! seal only starts when none of them is open for writing.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec, Timestamps};
+
+use super::inode;
+use super::{Attr, DirEntry, FileKind, FsError};
+
+/// Set in every FUSE inode number and file handle that belongs to staging.
+pub const STAGING_BIT: u64 = inode::STAGED_BIT;
+
+/// A time to set, as the kernel asks for it.
+#[derive(Debug, Clone, Copy)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// What `setattr` may change.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub fh: Option<u64>,
+}
+
+/// The caller of an operation, whose ids new entries get.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+struct Known {
+    fd: Arc<OwnedFd>,
+    lookups: u64,
+}
+
+enum Handle {
+    File {
+        file: File,
+        ino: u64,
+        writable: bool,
+    },
+    Dir(Arc<Vec<DirEntry>>),
+}
+
+pub struct StagingTree {
+    root: PathBuf,
+    root_fd: Arc<OwnedFd>,
+    root_ino: u64,
+    known: Mutex<HashMap<u64, Known>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    frozen: Mutex<HashSet<u64>>,
+    /// Whether new entries can be given to their caller (the daemon runs as root).
+    can_chown: bool,
+}
+
+fn os(e: rustix::io::Errno) -> FsError {
+    FsError::Os(std::io::Error::from(e))
+}
+
+fn proc_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn timespec(t: SetTime) -> Timespec {
+    match t {
+        SetTime::Now => Timespec {
+            tv_sec: 0,
+            tv_nsec: rfs::UTIME_NOW,
+        },
+        SetTime::At(t) => {
+            let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+            Timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: d.subsec_nanos() as _,
+            }
+        }
+    }
+}
+
+const OMIT: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: rfs::UTIME_OMIT,
+};
+
+impl StagingTree {
+    /// Opens (creating if needed) the backing directory.
+    pub fn at(root: &Path) -> Result<Self, FsError> {
+        std::fs::create_dir_all(root).map_err(FsError::Os)?;
+        let root_fd = rfs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        let root_ino = rfs::fstat(&root_fd).map_err(os)?.st_ino;
+        Ok(StagingTree {
+            root: root.to_owned(),
+            root_fd: Arc::new(root_fd),
+            root_ino,
+            known: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            frozen: Mutex::new(HashSet::new()),
+            can_chown: rustix::process::geteuid().is_root(),
+        })
+    }
+
+    /// The backing directory of the workspace `name`.
+    pub fn path_of(&self, name: &[u8]) -> PathBuf {
+        self.root.join(OsStr::from_bytes(name))
+    }
+
+    pub fn owns_inode(ino: u64) -> bool {
+        ino == inode::STAGING || ino & STAGING_BIT != 0
+    }
+
+    pub fn owns_handle(fh: u64) -> bool {
+        fh & STAGING_BIT != 0
+    }
+
+    fn fuse_ino(&self, backing_ino: u64) -> u64 {
+        if backing_ino == self.root_ino {
+            inode::STAGING
+        } else {
+            STAGING_BIT | backing_ino
+        }
+    }
+
+    fn fd(&self, ino: u64) -> Result<Arc<OwnedFd>, FsError> {
+        if ino == inode::STAGING {
+            return Ok(Arc::clone(&self.root_fd));
+        }
+        self.known
+            .lock()
+            .expect("staging lock")
+            .get(&ino)
+            .map(|k| Arc::clone(&k.fd))
+            .ok_or(FsError::Stale)
+    }
+
+    fn attr(&self, stat: &rfs::Stat) -> Attr {
+        let kind = match rfs::FileType::from_raw_mode(stat.st_mode) {
+            rfs::FileType::Directory => FileKind::Directory,
+            rfs::FileType::Symlink => FileKind::Symlink,
+            _ => FileKind::File,
+        };
+        Attr {
+            ino: self.fuse_ino(stat.st_ino),
+            kind,
+            size: stat.st_size as u64,
+            perm: (stat.st_mode & 0o7777) as u16,
+            nlink: stat.st_nlink as u32,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            mtime: UNIX_EPOCH + Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32),
+        }
+    }
+
+    fn check_not_frozen(&self, ino: u64) -> Result<(), FsError> {
+        if self.frozen.lock().expect("frozen lock").contains(&ino) {
+            return Err(FsError::Busy);
+        }
+        Ok(())
+    }
+
+    /// Refuses changes to `parent/name` or to `parent` while either is being sealed.
+    fn check_child_not_frozen(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        self.check_not_frozen(parent)?;
+        let fd = self.fd(parent)?;
+        if let Ok(stat) = rfs::statat(&*fd, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW) {
+            self.check_not_frozen(self.fuse_ino(stat.st_ino))?;
+        }
+        Ok(())
+    }
+
+    /// Registers one more kernel reference to `parent/name` and returns its attributes.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+        let parent_fd = self.fd(parent)?;
+        let name = OsStr::from_bytes(name);
+        let fd = rfs::openat(
+            &*parent_fd,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        let stat = rfs::fstat(&fd).map_err(os)?;
+        let attr = self.attr(&stat);
+        if attr.ino != inode::STAGING {
+            let mut known = self.known.lock().expect("staging lock");
+            known
+                .entry(attr.ino)
+                .or_insert_with(|| Known {
+                    fd: Arc::new(fd),
+                    lookups: 0,
+                })
+                .lookups += 1;
+        }
+        Ok(attr)
+    }
+
+    /// The kernel dropped `count` references to `ino`.
+    pub fn forget(&self, ino: u64, count: u64) {
+        let mut known = self.known.lock().expect("staging lock");
+        if let Some(k) = known.get_mut(&ino) {
+            k.lookups = k.lookups.saturating_sub(count);
+            if k.lookups == 0 {
+                known.remove(&ino);
+            }
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        let fd = self.fd(ino)?;
+        Ok(self.attr(&rfs::fstat(&*fd).map_err(os)?))
+    }
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
+        self.check_not_frozen(ino)?;
+        let fd = self.fd(ino)?;
+        if let Some(mode) = set.mode {
+            rfs::chmodat(
+                rfs::CWD,
+                proc_path(&fd),
+                Mode::from_raw_mode(mode & 0o7777),
+                AtFlags::empty(),
+            )
+            .map_err(os)?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            rfs::chownat(
+                &*fd,
+                "",
+                set.uid.map(rustix::process::Uid::from_raw),
+                set.gid.map(rustix::process::Gid::from_raw),
+                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(os)?;
+        }
+        if let Some(size) = set.size {
+            let handles = self.handles.lock().expect("handles lock");
+            match set.fh.and_then(|fh| handles.get(&fh)) {
+                Some(Handle::File { file, .. }) => file.set_len(size).map_err(FsError::Os)?,
+                _ => {
+                    drop(handles);
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(proc_path(&fd))
+                        .map_err(FsError::Os)?
+                        .set_len(size)
+                        .map_err(FsError::Os)?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let times = Timestamps {
+                last_access: set.atime.map_or(OMIT, timespec),
+                last_modification: set.mtime.map_or(OMIT, timespec),
+            };
+            rfs::utimensat(
+                &*fd,
+                "",
+                &times,
+                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(os)?;
+        }
+        self.getattr(ino)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        let fd = self.fd(ino)?;
+        Ok(rfs::readlinkat(&*fd, "", Vec::new())
+            .map_err(os)?
+            .into_bytes())
+    }
+
+    fn give_to(&self, parent: &OwnedFd, name: &OsStr, caller: Caller) {
+        if self.can_chown {
+            // Best effort: an entry that keeps the daemon's owner is still usable.
+            let _ = rfs::chownat(
+                parent,
+                name,
+                Some(rustix::process::Uid::from_raw(caller.uid)),
+                Some(rustix::process::Gid::from_raw(caller.gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            );
+        }
+    }
+
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        self.check_not_frozen(parent)?;
+        let parent_fd = self.fd(parent)?;
+        let os_name = OsStr::from_bytes(name);
+        rfs::mkdirat(&*parent_fd, os_name, Mode::from_raw_mode(mode & 0o7777)).map_err(os)?;
+        self.give_to(&parent_fd, os_name, caller);
+        self.lookup(parent, name)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        self.check_not_frozen(parent)?;
+        let parent_fd = self.fd(parent)?;
+        let os_name = OsStr::from_bytes(name);
+        rfs::symlinkat(OsStr::from_bytes(target), &*parent_fd, os_name).map_err(os)?;
+        self.give_to(&parent_fd, os_name, caller);
+        self.lookup(parent, name)
+    }
+
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
+        self.check_not_frozen(new_parent)?;
+        let fd = self.fd(ino)?;
+        let parent_fd = self.fd(new_parent)?;
+        rfs::linkat(
+            rfs::CWD,
+            proc_path(&fd),
+            &*parent_fd,
+            OsStr::from_bytes(new_name),
+            AtFlags::SYMLINK_FOLLOW,
+        )
+        .map_err(os)?;
+        self.lookup(new_parent, new_name)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        self.check_child_not_frozen(parent, name)?;
+        let fd = self.fd(parent)?;
+        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        self.check_child_not_frozen(parent, name)?;
+        let fd = self.fd(parent)?;
+        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), FsError> {
+        self.check_child_not_frozen(parent, name)?;
+        self.check_child_not_frozen(new_parent, new_name)?;
+        let from = self.fd(parent)?;
+        let to = self.fd(new_parent)?;
+        rfs::renameat_with(
+            &*from,
+            OsStr::from_bytes(name),
+            &*to,
+            OsStr::from_bytes(new_name),
+            rfs::RenameFlags::from_bits_retain(flags),
+        )
+        .map_err(os)
+    }
+
+    fn new_handle(&self, handle: Handle) -> u64 {
+        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .expect("handles lock")
+            .insert(fh, handle);
+        fh
+    }
+
+    /// Opens a file; returns the handle and the open file (usable as a passthrough
+    /// backing file).
+    pub fn open(&self, ino: u64, flags: i32) -> Result<(u64, File), FsError> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        if writable {
+            self.check_not_frozen(ino)?;
+        }
+        let fd = self.fd(ino)?;
+        let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
+        let file: File = rfs::open(
+            proc_path(&fd),
+            OFlags::from_bits_retain(keep as u32) | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?
+        .into();
+        let backing = file.try_clone().map_err(FsError::Os)?;
+        let fh = self.new_handle(Handle::File {
+            file,
+            ino,
+            writable,
+        });
+        Ok((fh, backing))
+    }
+
+    /// Creates and opens a file.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(Attr, u64, File), FsError> {
+        self.check_not_frozen(parent)?;
+        let parent_fd = self.fd(parent)?;
+        let os_name = OsStr::from_bytes(name);
+        let file: File = rfs::openat(
+            &*parent_fd,
+            os_name,
+            OFlags::from_bits_retain(flags as u32)
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & 0o7777),
+        )
+        .map_err(os)?
+        .into();
+        self.give_to(&parent_fd, os_name, caller);
+        let attr = self.lookup(parent, name)?;
+        let backing = file.try_clone().map_err(FsError::Os)?;
+        let fh = self.new_handle(Handle::File {
+            file,
+            ino: attr.ino,
+            writable: true,
+        });
+        Ok((attr, fh, backing))
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let handles = self.handles.lock().expect("handles lock");
+        let Some(Handle::File { file, .. }) = handles.get(&fh) else {
+            return Err(FsError::BadHandle);
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = file
+                .read_at(&mut buf[filled..], offset + filled as u64)
+                .map_err(FsError::Os)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let handles = self.handles.lock().expect("handles lock");
+        let Some(Handle::File { file, ino, .. }) = handles.get(&fh) else {
+            return Err(FsError::BadHandle);
+        };
+        self.check_not_frozen(*ino)?;
+        file.write_all_at(data, offset).map_err(FsError::Os)?;
+        Ok(data.len() as u32)
+    }
+
+    pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
+        let handles = self.handles.lock().expect("handles lock");
+        if let Some(Handle::File { file, .. }) = handles.get(&fh) {
+            file.sync_all().map_err(FsError::Os)?;
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles.lock().expect("handles lock").remove(&fh);
+    }
+
+    /// Reads a directory once, at open, so that offsets stay valid while it is listed.
+    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        let fd = self.fd(ino)?;
+        let dir_fd = rfs::openat(
+            &*fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        let mut entries = Vec::new();
+        let mut dir = rfs::Dir::new(dir_fd).map_err(os)?;
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(os)?;
+            let name = entry.file_name().to_bytes();
+            let kind = match entry.file_type() {
+                rfs::FileType::Directory => FileKind::Directory,
+                rfs::FileType::Symlink => FileKind::Symlink,
+                _ => FileKind::File,
+            };
+            let entry_ino = match name {
+                b"." => ino,
+                b".." if ino == inode::STAGING => inode::ROOT,
+                _ => self.fuse_ino(entry.ino()),
+            };
+            entries.push(DirEntry {
+                ino: entry_ino,
+                kind,
+                name: name.to_vec(),
+            });
+        }
+        Ok(self.new_handle(Handle::Dir(Arc::new(entries))))
+    }
+
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let entries = match self.handles.lock().expect("handles lock").get(&fh) {
+            Some(Handle::Dir(entries)) => Arc::clone(entries),
+            _ => return Err(FsError::BadHandle),
+        };
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            if add(entry, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn statfs(&self) -> Result<rfs::StatVfs, FsError> {
+        rfs::fstatvfs(&*self.root_fd).map_err(os)
+    }
+
+    /// Freezes the workspace `name` for sealing: fails if it is not a directory or
+    /// if any of its files is open for writing. Returns its backing path.
+    pub fn freeze(&self, name: &[u8]) -> Result<(PathBuf, Vec<u64>), FsError> {
+        let path = self.path_of(name);
+        let meta = std::fs::symlink_metadata(&path).map_err(FsError::Os)?;
+        if !meta.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        let mut inodes = vec![self.fuse_ino(std::os::unix::fs::MetadataExt::ino(&meta))];
+        collect_inodes(&path, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
+        let handles = self.handles.lock().expect("handles lock");
+        let mut frozen = self.frozen.lock().expect("frozen lock");
+        let set: HashSet<u64> = inodes.iter().copied().collect();
+        let busy = handles
+            .values()
+            .any(|h| matches!(h, Handle::File { ino, writable: true, .. } if set.contains(ino)));
+        if busy {
+            return Err(FsError::Busy);
+        }
+        if inodes.iter().any(|i| frozen.contains(i)) {
+            return Err(FsError::Busy);
+        }
+        frozen.extend(inodes.iter().copied());
+        Ok((path, inodes))
+    }
+
+    pub fn thaw(&self, inodes: &[u64]) {
+        let mut frozen = self.frozen.lock().expect("frozen lock");
+        for ino in inodes {
+            frozen.remove(ino);
+        }
+    }
+}
+
+fn collect_inodes(dir: &Path, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
+    for entry in std::fs::read_dir(dir).map_err(FsError::Os)? {
+        let entry = entry.map_err(FsError::Os)?;
+        add(std::os::unix::fs::DirEntryExt::ino(&entry));
+        if entry.file_type().map_err(FsError::Os)?.is_dir() {
+            collect_inodes(&entry.path(), add)?;
+        }
+    }
+    Ok(())
+}
