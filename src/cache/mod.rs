@@ -317,19 +317,21 @@ impl Cache {
 /// Indexes the checkpoint stream `reader` into `dir`, which appears complete only if
 /// the stream verified.
 fn index_into(
-    mut reader: VerifyingReader<Box<dyn Read + Send>>,
+    reader: VerifyingReader<Box<dyn Read + Send>>,
     dir: &Path,
     limits: Limits,
     default_mtime: i64,
 ) -> Result<(), CacheError> {
-    let built = {
-        let gz =
-            flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, &mut reader));
-        index::build(gz, dir, limits, default_mtime)
-    };
+    let (chunks, verdict) = read_ahead(reader);
+    let built = index::build(
+        flate2::read::MultiGzDecoder::new(chunks),
+        dir,
+        limits,
+        default_mtime,
+    );
     // The object's own verdict comes first: a corrupt or cut object also makes the
     // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".
-    reader.finish()?;
+    verdict.join().expect("the download thread panicked")?;
     let index = built?;
     let bytes = postcard::to_stdvec(&index).map_err(|e| CacheError::Io {
         path: dir.join("index"),
@@ -437,5 +439,89 @@ fn hash_stream(mut reader: impl Read) -> io::Result<(u64, u64)> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Bytes handed from the download thread to the indexing thread.
+type Chunk = io::Result<Vec<u8>>;
+
+/// Reads a checkpoint stream to its end on a thread of its own, so that downloading
+/// and hashing overlap with decompressing and indexing (two cores, two stages). The
+/// thread's result is the stream's verdict; it reads to the end even when the
+/// consumer stops early, since every byte must be hashed.
+fn read_ahead(
+    mut reader: VerifyingReader<Box<dyn Read + Send>>,
+) -> (
+    ChunkReader,
+    std::thread::JoinHandle<Result<u64, CheckpointError>>,
+) {
+    const CHUNK: usize = 1 << 20;
+    const CHUNKS_IN_FLIGHT: usize = 8;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(CHUNKS_IN_FLIGHT);
+    let thread = std::thread::Builder::new()
+        .name("ckptfs-download".into())
+        .spawn(move || {
+            loop {
+                let mut buf = vec![0u8; CHUNK];
+                let mut filled = 0;
+                let mut failed = None;
+                while filled < CHUNK {
+                    match reader.read(&mut buf[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if let Some(e) = failed {
+                    let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                    break;
+                }
+                if filled == 0 {
+                    break;
+                }
+                buf.truncate(filled);
+                if tx.send(Ok(buf)).is_err() {
+                    break; // the consumer is done; finish() reads the rest
+                }
+            }
+            drop(tx);
+            reader.finish()
+        })
+        .expect("spawning a download thread");
+    (
+        ChunkReader {
+            chunks: rx,
+            current: Vec::new(),
+            position: 0,
+        },
+        thread,
+    )
+}
+
+struct ChunkReader {
+    chunks: std::sync::mpsc::Receiver<Chunk>,
+    current: Vec<u8>,
+    position: usize,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.position == self.current.len() {
+            match self.chunks.recv() {
+                Ok(chunk) => {
+                    self.current = chunk?;
+                    self.position = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.position);
+        buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);
+        self.position += n;
+        Ok(n)
     }
 }
