@@ -273,6 +273,11 @@ impl Cache {
             .put(id.clone(), size);
     }
 
+    /// Marks `id` as just used, so that it is evicted last.
+    pub fn promote(&self, id: &CheckpointId) {
+        self.entries.lock().expect("cache lock").promote(id);
+    }
+
     fn remove(&self, id: &CheckpointId) {
         self.entries.lock().expect("cache lock").pop(id);
         let dir = self.entry_dir(id);

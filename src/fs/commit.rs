@@ -124,7 +124,10 @@ impl CheckpointFs {
             self.config.limits,
             super::epoch_secs(now),
         ) {
-            Ok(verified) => self.add_checkpoint(info, Some(verified)),
+            Ok(verified) => {
+                self.add_checkpoint(info, Some(verified));
+                self.evict(&report.id);
+            }
             Err(e) => {
                 tracing::warn!(checkpoint = %report.id, error = %e, "could not index the sealed archive; it will be downloaded on access");
                 self.add_checkpoint(info, None);

@@ -402,24 +402,27 @@ impl CheckpointFs {
                 _ => Vec::new(),
             }
         };
-        self.evict();
+        self.evict(&info.id);
         for waiter in waiters {
             waiter();
         }
     }
 
-    /// Keeps the cache within its bound; checkpoints with open files stay.
-    fn evict(&self) {
+    /// Keeps the cache within its bound. Checkpoints with open files stay, and so
+    /// does `keep`, the one just loaded: a checkpoint larger than the whole cache is
+    /// still served, and evicted when the next one comes.
+    fn evict(&self, keep: &CheckpointId) {
         let mut state = self.lock();
         let in_use = |id: &CheckpointId| {
-            state
-                .by_id
-                .get(id)
-                .is_some_and(|&slot| match &state.slots[slot].load {
-                    Load::Loaded(c) => Arc::strong_count(c) > 1,
-                    Load::Loading(_) => true,
-                    _ => false,
-                })
+            id == keep
+                || state
+                    .by_id
+                    .get(id)
+                    .is_some_and(|&slot| match &state.slots[slot].load {
+                        Load::Loaded(c) => Arc::strong_count(c) > 1,
+                        Load::Loading(_) => true,
+                        _ => false,
+                    })
         };
         let evicted = self.cache.evict(in_use);
         for id in evicted {
@@ -436,7 +439,10 @@ impl CheckpointFs {
         let state = self.lock();
         let entry = state.slots.get(slot).ok_or(FsError::NotFound)?;
         match &entry.load {
-            Load::Loaded(c) => Ok(Arc::clone(c)),
+            Load::Loaded(c) => {
+                self.cache.promote(&c.id);
+                Ok(Arc::clone(c))
+            }
             Load::Failed { reason, .. } => Err(FsError::Unverified {
                 id: entry.info.id.to_string(),
                 reason: reason.clone(),

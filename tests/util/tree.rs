@@ -123,8 +123,9 @@ pub fn fix_mtimes(root: &Path) {
 /// Builds the reference workspace at `root` (created if needed): nested directories, a
 /// deep and a long (>100 bytes) path, an empty file and an empty directory, modes 0755,
 /// 0644, 0600, 0555 and 0700, relative, absolute, directory and dangling symlinks, a hard
-/// link pair in different directories, a non-UTF-8 name, spaces and Unicode, and a
-/// compressible 300 KiB file. Mtimes are fixed whole seconds.
+/// link pair in different directories, a non-UTF-8 name, spaces and Unicode, a
+/// compressible 300 KiB file, and (when running as root) a file and a directory owned
+/// by uids/gids that have no name. Mtimes are fixed whole seconds.
 pub fn make_sample_tree(root: &Path) {
     make_dir(root);
     write_file(
@@ -178,6 +179,14 @@ pub fn make_sample_tree(root: &Path) {
     symlink("/nonexistent/absolute/target", &root.join("link-abs"));
     write_file(&root.join("hard-a"), b"shared by two names\n", 0o644);
     fs::hard_link(root.join("hard-a"), root.join("src/hard-b")).expect("hard link");
+    // Numeric owners without a name; only root can give files away.
+    write_file(&root.join("owned/by-1234.txt"), b"owned\n", 0o664);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::lchown(root.join("owned/by-1234.txt"), Some(1234), Some(5678))
+            .expect("chown file");
+        std::os::unix::fs::lchown(root.join("owned"), Some(4321), Some(8765)).expect("chown dir");
+    }
     chmod(&root.join("readonly"), 0o555);
     chmod(root, 0o755);
     fix_mtimes(root);
@@ -366,4 +375,67 @@ pub fn assert_same_tree(expected: &Path, actual: &Path) {
         expected.display(),
         diffs.join("\n")
     );
+}
+
+#[test]
+fn tree_comparison_sees_every_attribute() {
+    let work = super::temp_dir();
+    let a = work.path().join("a");
+    make_sample_tree(&a);
+    let copy = |name: &str| {
+        let dst = work.path().join(name);
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&a)
+            .arg(&dst)
+            .status()
+            .expect("run cp");
+        assert!(status.success());
+        assert!(
+            diff_trees(&a, &dst).is_empty(),
+            "{:?}",
+            diff_trees(&a, &dst)
+        );
+        dst
+    };
+    type Change<'a> = (&'a str, &'a dyn Fn(&Path));
+    let changes: [Change; 8] = [
+        ("mode", &|t| chmod(&t.join("run.sh"), 0o744)),
+        ("mtime", &|t| {
+            set_mtime(&t.join("src/lib.rs"), BASE_MTIME - 1)
+        }),
+        ("dir mtime", &|t| set_mtime(&t.join("src"), BASE_MTIME - 1)),
+        ("contents", &|t| {
+            let p = t.join("hello.py");
+            let md = fs::metadata(&p).unwrap();
+            fs::write(&p, b"print('HELLO, checkpoint')\n").unwrap();
+            set_mtime(&p, md.mtime());
+        }),
+        ("symlink target", &|t| {
+            fs::remove_file(t.join("link-rel")).unwrap();
+            symlink("run.sh", &t.join("link-rel"));
+        }),
+        ("hard link", &|t| {
+            let p = t.join("src/hard-b");
+            let md = fs::metadata(&p).unwrap();
+            fs::remove_file(&p).unwrap();
+            write_file(&p, b"shared by two names\n", 0o644);
+            set_mtime(&p, md.mtime());
+            set_mtime(&t.join("src"), fs::metadata(a.join("src")).unwrap().mtime());
+        }),
+        ("missing entry", &|t| {
+            fs::remove_dir(t.join("emptydir")).unwrap()
+        }),
+        ("extra entry", &|t| write_file(&t.join("extra"), b"", 0o644)),
+    ];
+    for (i, (what, change)) in changes.iter().enumerate() {
+        let b = copy(&format!("b{i}"));
+        change(&b);
+        let diffs = diff_trees(&a, &b);
+        assert!(!diffs.is_empty(), "a {what} change went unnoticed");
+        if *what == "hard link" {
+            assert_eq!(diffs.len(), 1, "{diffs:?}");
+            assert!(diffs[0].starts_with("hard-link groups differ"), "{diffs:?}");
+        }
+    }
 }
