@@ -248,28 +248,6 @@ pub fn open(
     })
 }
 
-/// Reads an archive file on local disk as checkpoint `id`, with the same checks as a
-/// download: used for archives this process wrote, so that what is served is still
-/// only what hashed to the name.
-pub fn open_local(
-    id: &CheckpointId,
-    path: &Path,
-) -> Result<VerifyingReader<Box<dyn Read + Send>>, CheckpointError> {
-    let io_err = |source| CheckpointError::Io {
-        context: format!("open {}", path.display()),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io_err)?;
-    let announced = file.metadata().map_err(io_err)?.len();
-    Ok(VerifyingReader {
-        id: id.clone(),
-        inner: Box::new(file),
-        hasher: Sha256::new(),
-        read: 0,
-        announced,
-    })
-}
-
 /// Downloads and checks one checkpoint, keeping nothing.
 pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
     open(store, id, u64::MAX)?.finish().map(drop)
@@ -297,14 +275,16 @@ pub fn put(
     options: &PutOptions<'_>,
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
-    let (archive, written) = write_archive_file(dir, options)?;
+    let (archive, written) = write_archive_file(dir, options, &mut io::sink())?;
     store_archive(store, archive.path(), &written, progress)
 }
 
-/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way.
+/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way;
+/// the uncompressed tar stream is also copied to `tar_copy`.
 pub fn write_archive_file(
     dir: &Path,
     options: &PutOptions<'_>,
+    tar_copy: &mut dyn io::Write,
 ) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
     let temp = tempfile::Builder::new()
         .prefix(".ckptfs-put-")
@@ -313,13 +293,14 @@ pub fn write_archive_file(
             context: format!("create a temporary file in {}", options.temp_dir.display()),
             source,
         })?;
-    let written = writer::write_archive(
+    let written = writer::write_archive_with_copy(
         dir,
         io::BufWriter::with_capacity(1 << 20, temp.as_file()),
         &WriterOptions {
             max_size: options.max_archive_size,
             threads: options.threads,
         },
+        tar_copy,
     )?;
     Ok((temp, written))
 }

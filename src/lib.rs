@@ -12,4 +12,5 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod fs;
+pub mod pipe;
 pub mod store;

@@ -49,6 +49,19 @@ pub fn write_archive<W: Write>(
     out: W,
     options: &WriterOptions,
 ) -> Result<WrittenArchive, ArchiveError> {
+    write_archive_with_copy(root, out, options, &mut io::sink())
+}
+
+/// Like [`write_archive`], and also writes the uncompressed tar stream to `tar_copy`
+/// (best effort: if `tar_copy` fails, copying stops and the archive goes on). Sealing
+/// indexes the copy, so that a new checkpoint is served from the very bytes that
+/// were compressed and hashed, without decompressing them again.
+pub fn write_archive_with_copy<W: Write>(
+    root: &Path,
+    out: W,
+    options: &WriterOptions,
+    tar_copy: &mut dyn Write,
+) -> Result<WrittenArchive, ArchiveError> {
     let meta = fs::metadata(root).map_err(ArchiveError::io(format!("{}", root.display())))?;
     if !meta.is_dir() {
         return Err(ArchiveError::Source {
@@ -63,7 +76,10 @@ pub fn write_archive<W: Write>(
         limit: options.max_size,
     };
     let gz = ParallelGzWriter::new(hashing, options.threads);
-    let mut builder = tar::Builder::new(gz);
+    let mut builder = tar::Builder::new(Tee {
+        gz,
+        copy: Some(tar_copy),
+    });
     let mut walk = Walk {
         hard_links: HashMap::new(),
     };
@@ -77,7 +93,7 @@ pub fn write_archive<W: Write>(
         .and_then(|()| {
             builder
                 .into_inner()
-                .and_then(ParallelGzWriter::finish)
+                .and_then(|tee| tee.gz.finish())
                 .map_err(ArchiveError::io("compress archive"))
         });
     let hashing = match result {
@@ -117,12 +133,34 @@ struct Walk {
     hard_links: HashMap<(u64, u64), Vec<u8>>,
 }
 
-type Builder<W> = tar::Builder<ParallelGzWriter<HashingWriter<W>>>;
+type Builder<'a, W> = tar::Builder<Tee<'a, W>>;
+
+/// The tar stream's destination: the compressor, and a best-effort copy.
+struct Tee<'a, W: Write> {
+    gz: ParallelGzWriter<HashingWriter<W>>,
+    copy: Option<&'a mut dyn Write>,
+}
+
+impl<W: Write> Write for Tee<'_, W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = self.gz.write(data)?;
+        if let Some(copy) = &mut self.copy
+            && copy.write_all(&data[..n]).is_err()
+        {
+            self.copy = None;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.gz.flush()
+    }
+}
 
 impl Walk {
     fn append_dir<W: Write>(
         &mut self,
-        builder: &mut Builder<W>,
+        builder: &mut Builder<'_, W>,
         dir: &Path,
         prefix: &[u8],
     ) -> Result<(), ArchiveError> {
@@ -152,7 +190,7 @@ impl Walk {
 
     fn append_entry<W: Write>(
         &mut self,
-        builder: &mut Builder<W>,
+        builder: &mut Builder<'_, W>,
         path: &Path,
         archive_path: Vec<u8>,
     ) -> Result<(), ArchiveError> {

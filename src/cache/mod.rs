@@ -6,7 +6,7 @@
 //! checkpoints/<sha256>/index        the archive's Index (postcard) + xxh3 of it
 //! checkpoints/<sha256>/pack         small files, concatenated
 //! checkpoints/<sha256>/files/<n>    large files, one each (passthrough backing files)
-//! checkpoints/<sha256>.partial-*    a pass in progress; removed at start-up
+//! checkpoints/partial-*            a pass in progress; removed at start-up
 //! ```
 //!
 //! Invariants:
@@ -30,6 +30,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::archive::index::{self, FileLocation, Index, IndexError, Limits, NodeKind};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
+use crate::pipe::{PipeReader, pipe};
 use crate::store::ObjectStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -219,24 +220,6 @@ impl Cache {
         self.insert(id, reader, limits, default_mtime)
     }
 
-    /// Indexes an archive this process wrote (a sealed workspace), so that it is
-    /// served without downloading it back.
-    pub fn insert_local(
-        &self,
-        id: &CheckpointId,
-        archive: &Path,
-        limits: Limits,
-        default_mtime: i64,
-    ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
-        self.remove(id);
-        self.insert(
-            id,
-            checkpoint::open_local(id, archive)?,
-            limits,
-            default_mtime,
-        )
-    }
-
     fn insert(
         &self,
         id: &CheckpointId,
@@ -244,24 +227,53 @@ impl Cache {
         limits: Limits,
         default_mtime: i64,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
-        let dir = self.entry_dir(id);
-        let partial = self.checkpoints.join(format!(
-            "{id}.partial-{}-{}",
+        let pending = self.begin()?;
+        let (chunks, verdict) = read_ahead(reader);
+        let built = index::build(
+            flate2::read::MultiGzDecoder::new(chunks),
+            pending.dir(),
+            limits,
+            default_mtime,
+        );
+        // The object's own verdict comes first: a corrupt or cut object also makes the
+        // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".
+        verdict.join().expect("the download thread panicked")?;
+        self.finish(pending, id, built?)
+    }
+
+    /// Starts a new entry in a private directory of its own; it becomes visible only
+    /// through [`Cache::finish`], and vanishes if dropped before.
+    pub fn begin(&self) -> Result<PendingEntry, CacheError> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let dir = self.checkpoints.join(format!(
+            "partial-{}-{}",
             std::process::id(),
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
+            COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        private_dir(&partial)?;
-        let result = index_into(reader, &partial, limits, default_mtime)
-            .and_then(|()| fs::rename(&partial, &dir).map_err(io_err(&dir)));
-        if let Err(e) = result {
+        private_dir(&dir)?;
+        Ok(PendingEntry { dir: Some(dir) })
+    }
+
+    /// Completes an entry whose contents were indexed from bytes that hashed to `id`.
+    pub fn finish(
+        &self,
+        mut pending: PendingEntry,
+        id: &CheckpointId,
+        index: Index,
+    ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
+        let partial = pending.dir.take().expect("a pending entry finishes once");
+        let result = write_index(&partial, &index).and_then(|()| {
+            let dir = self.entry_dir(id);
+            self.remove(id);
+            fs::rename(&partial, &dir).map_err(io_err(&dir))?;
+            let checkpoint = open_entry_trusted(id, &dir)?;
+            self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+            Ok(Arc::new(checkpoint))
+        });
+        if result.is_err() {
             let _ = fs::remove_dir_all(&partial);
-            return Err(e);
         }
-        let checkpoint = open_entry_trusted(id, &dir)?;
-        self.touch(id, &dir, checkpoint.index.unpacked_bytes);
-        Ok(Arc::new(checkpoint))
+        result
     }
 
     fn touch(&self, id: &CheckpointId, dir: &Path, size: u64) {
@@ -319,26 +331,8 @@ impl Cache {
     }
 }
 
-/// Indexes the checkpoint stream `reader` into `dir`, which appears complete only if
-/// the stream verified.
-fn index_into(
-    reader: VerifyingReader<Box<dyn Read + Send>>,
-    dir: &Path,
-    limits: Limits,
-    default_mtime: i64,
-) -> Result<(), CacheError> {
-    let (chunks, verdict) = read_ahead(reader);
-    let built = index::build(
-        flate2::read::MultiGzDecoder::new(chunks),
-        dir,
-        limits,
-        default_mtime,
-    );
-    // The object's own verdict comes first: a corrupt or cut object also makes the
-    // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".
-    verdict.join().expect("the download thread panicked")?;
-    let index = built?;
-    let bytes = postcard::to_stdvec(&index).map_err(|e| CacheError::Io {
+fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
+    let bytes = postcard::to_stdvec(index).map_err(|e| CacheError::Io {
         path: dir.join("index"),
         source: io::Error::other(e),
     })?;
@@ -349,6 +343,27 @@ fn index_into(
         .and_then(|()| file.sync_all())
         .map_err(io_err(&tmp))?;
     fs::rename(&tmp, dir.join("index")).map_err(io_err(dir))
+}
+
+/// A cache entry being written; removed unless finished.
+pub struct PendingEntry {
+    dir: Option<PathBuf>,
+}
+
+impl PendingEntry {
+    pub fn dir(&self) -> &Path {
+        self.dir
+            .as_deref()
+            .expect("a pending entry has its directory until finished")
+    }
+}
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn read_index(dir: &Path) -> Result<Index, CacheError> {
@@ -447,86 +462,39 @@ fn hash_stream(mut reader: impl Read) -> io::Result<(u64, u64)> {
     }
 }
 
-/// Bytes handed from the download thread to the indexing thread.
-type Chunk = io::Result<Vec<u8>>;
-
 /// Reads a checkpoint stream to its end on a thread of its own, so that downloading
-/// and hashing overlap with decompressing and indexing (two cores, two stages). The
-/// thread's result is the stream's verdict; it reads to the end even when the
-/// consumer stops early, since every byte must be hashed.
+/// and hashing overlap with decompressing and indexing. The thread's result is the
+/// stream's verdict; it reads to the end even when the consumer stops early, since
+/// every byte must be hashed.
 fn read_ahead(
     mut reader: VerifyingReader<Box<dyn Read + Send>>,
 ) -> (
-    ChunkReader,
+    PipeReader,
     std::thread::JoinHandle<Result<u64, CheckpointError>>,
 ) {
-    const CHUNK: usize = 1 << 20;
-    const CHUNKS_IN_FLIGHT: usize = 8;
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(CHUNKS_IN_FLIGHT);
+    let (mut writer, chunks) = pipe(8);
     let thread = std::thread::Builder::new()
         .name("ckptfs-download".into())
         .spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
             loop {
-                let mut buf = vec![0u8; CHUNK];
-                let mut filled = 0;
-                let mut failed = None;
-                while filled < CHUNK {
-                    match reader.read(&mut buf[filled..]) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            failed = Some(e);
-                            break;
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if writer.write_all(&buf[..n]).is_err() {
+                            break; // the consumer is done; finish() reads the rest
                         }
                     }
-                }
-                if let Some(e) = failed {
-                    let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
-                    break;
-                }
-                if filled == 0 {
-                    break;
-                }
-                buf.truncate(filled);
-                if tx.send(Ok(buf)).is_err() {
-                    break; // the consumer is done; finish() reads the rest
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        writer.fail(io::Error::new(e.kind(), e.to_string()));
+                        return reader.finish();
+                    }
                 }
             }
-            drop(tx);
+            drop(writer);
             reader.finish()
         })
         .expect("spawning a download thread");
-    (
-        ChunkReader {
-            chunks: rx,
-            current: Vec::new(),
-            position: 0,
-        },
-        thread,
-    )
-}
-
-struct ChunkReader {
-    chunks: std::sync::mpsc::Receiver<Chunk>,
-    current: Vec<u8>,
-    position: usize,
-}
-
-impl Read for ChunkReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.position == self.current.len() {
-            match self.chunks.recv() {
-                Ok(chunk) => {
-                    self.current = chunk?;
-                    self.position = 0;
-                }
-                Err(_) => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len() - self.position);
-        buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);
-        self.position += n;
-        Ok(n)
-    }
+    (chunks, thread)
 }

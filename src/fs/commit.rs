@@ -16,7 +16,9 @@ use std::time::SystemTime;
 
 use super::{CheckpointFs, FsError};
 use crate::archive::ArchiveError;
+use crate::archive::index;
 use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions};
+use crate::pipe::pipe;
 
 /// How many finished seals `.status` remembers.
 const OUTCOMES_KEPT: usize = 100;
@@ -106,24 +108,41 @@ impl CheckpointFs {
             temp_dir: &self.config.work_dir,
             threads: self.config.threads,
         };
-        let (archive, written) =
-            checkpoint::write_archive_file(path, &options).map_err(seal_error)?;
+        // The uncompressed tar stream is indexed into the cache on a second thread as
+        // it is written: the new checkpoint is then served from the very bytes that
+        // were compressed and hashed, with no download and no second decompression.
+        let pending = self.cache.begin().ok();
+        let (mut tar_copy, tar_stream) = pipe(8);
+        let now = SystemTime::now();
+        let indexer = pending.map(|pending| {
+            let limits = self.config.limits;
+            std::thread::spawn(move || {
+                let built = index::build(tar_stream, pending.dir(), limits, super::epoch_secs(now));
+                (pending, built)
+            })
+        });
+        let written = checkpoint::write_archive_file(path, &options, &mut tar_copy);
+        drop(tar_copy);
+        let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
+        let (archive, written) = written.map_err(seal_error)?;
         let report =
             checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_| {})
                 .map_err(seal_error)?;
-        let now = SystemTime::now();
         let info = CheckpointInfo {
             id: report.id.clone(),
             size: report.size,
             last_modified: now,
         };
         // The checkpoint is stored: from here on a failure only costs a download later.
-        match self.cache.insert_local(
-            &report.id,
-            archive.path(),
-            self.config.limits,
-            super::epoch_secs(now),
-        ) {
+        let verified = match indexed {
+            Some((pending, Ok(index))) => self
+                .cache
+                .finish(pending, &report.id, index)
+                .map_err(|e| e.to_string()),
+            Some((_, Err(e))) => Err(e.to_string()),
+            None => Err("no cache entry could be started".into()),
+        };
+        match verified {
             Ok(verified) => {
                 self.add_checkpoint(info, Some(verified));
                 self.evict(&report.id);

@@ -1,0 +1,129 @@
+//! A bounded in-process byte pipe between two threads, in chunks of 1 MiB.
+//!
+//! Used where two stages of a pass run on two cores: downloading and hashing beside
+//! decompressing and indexing, and archiving beside indexing when a workspace is
+//! sealed. At most `capacity` chunks are in flight, so memory stays bounded whatever
+//! the size of the stream.
+
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+
+const CHUNK: usize = 1 << 20;
+
+type Chunk = io::Result<Vec<u8>>;
+
+/// Creates a pipe holding at most `capacity` chunks.
+pub fn pipe(capacity: usize) -> (PipeWriter, PipeReader) {
+    let (tx, rx) = sync_channel(capacity);
+    (
+        PipeWriter {
+            tx: Some(tx),
+            buffer: Vec::with_capacity(CHUNK),
+        },
+        PipeReader {
+            rx,
+            current: Vec::new(),
+            position: 0,
+        },
+    )
+}
+
+/// The sending end. Dropping it (or [`PipeWriter::close`]) ends the stream; writes
+/// fail with `BrokenPipe` once the reader is gone.
+pub struct PipeWriter {
+    tx: Option<SyncSender<Chunk>>,
+    buffer: Vec<u8>,
+}
+
+impl PipeWriter {
+    fn send(&mut self, chunk: Chunk) -> io::Result<()> {
+        let tx = self.tx.as_ref().ok_or(io::ErrorKind::BrokenPipe)?;
+        tx.send(chunk)
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
+    }
+
+    /// Hands `error` to the reader in place of more bytes.
+    pub fn fail(mut self, error: io::Error) {
+        let _ = self.flush();
+        let _ = self.send(Err(error));
+    }
+
+    /// Sends what is buffered and ends the stream.
+    pub fn close(mut self) -> io::Result<()> {
+        self.flush()
+    }
+}
+
+impl Write for PipeWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(CHUNK - self.buffer.len());
+        self.buffer.extend_from_slice(&data[..n]);
+        if self.buffer.len() == CHUNK {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buffer, Vec::with_capacity(CHUNK));
+        self.send(Ok(chunk))
+    }
+}
+
+impl Drop for PipeWriter {
+    fn drop(&mut self) {
+        let _ = self.flush();
+        self.tx = None;
+    }
+}
+
+/// The receiving end: reads until the writer is dropped.
+pub struct PipeReader {
+    rx: Receiver<Chunk>,
+    current: Vec<u8>,
+    position: usize,
+}
+
+impl Read for PipeReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.position == self.current.len() {
+            match self.rx.recv() {
+                Ok(chunk) => {
+                    self.current = chunk?;
+                    self.position = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.position);
+        buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);
+        self.position += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carries_bytes_and_errors_across_threads() {
+        let (mut writer, mut reader) = pipe(2);
+        let data: Vec<u8> = (0..3 * CHUNK + 17).map(|i| i as u8).collect();
+        let sent = data.clone();
+        let sender = std::thread::spawn(move || {
+            for piece in sent.chunks(100_000) {
+                writer.write_all(piece).unwrap();
+            }
+            writer.fail(io::Error::other("boom"));
+        });
+        let mut received = vec![0u8; data.len()];
+        reader.read_exact(&mut received).unwrap();
+        assert_eq!(received, data);
+        assert_eq!(reader.read(&mut [0u8; 1]).unwrap_err().to_string(), "boom");
+        sender.join().unwrap();
+    }
+}
