@@ -8,13 +8,13 @@ CKPTFS_ROOT="$PWD"
 # shellcheck source=scripts/lib/moto.sh
 source scripts/lib/moto.sh
 
-# FUSE tests mount under .tmp/; lazily unmount whatever a crashed test left there.
+# FUSE tests mount under .tmp/tests/; lazily unmount whatever a crashed test left there.
 unmount_leftovers() {
     [ -r /proc/self/mountinfo ] || return 0
     command -v fusermount3 >/dev/null 2>&1 || return 0
     local mnt
     # Field 5 is the mount point (octal-escaped); the fs type follows the " - " marker.
-    awk -v root="$CKPTFS_TMP/" '{
+    awk -v root="$CKPTFS_TMP/tests/" '{
             for (i = 7; i <= NF; i++) if ($i == "-") break
             if ($(i + 1) ~ /^fuse/ && index($5, root) == 1) print $5
         }' /proc/self/mountinfo | sort -r | while read -r mnt; do

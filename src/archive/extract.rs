@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use tar::EntryType;
 
-use super::{ArchiveError, display_path};
+use super::{ArchiveError, EntryMeta, display_path, entry_meta};
 
 /// What a restore did, for the command's summary line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ struct Extractor<'a> {
     /// Directories this extraction created or checked; entries may be created in them.
     dirs: HashSet<PathBuf>,
     /// Directory attributes to apply at the end.
-    dir_attrs: Vec<(PathBuf, u32, u64, u64, u64)>,
+    dir_attrs: Vec<(PathBuf, u32, i64, u64, u64)>,
     as_root: bool,
 }
 
@@ -131,13 +131,11 @@ impl Extractor<'_> {
         };
         let parent = self.ensure_parent(parents, &shown)?;
         let path = parent.join(OsStr::from_bytes(name));
-        let header = entry.header();
-        let mode = header
+        let EntryMeta { mtime, uid, gid } = entry_meta(entry);
+        let mode = entry
+            .header()
             .mode()
             .map_err(ArchiveError::io(format!("entry {shown}")))?;
-        let mtime = header.mtime().unwrap_or(0);
-        let uid = header.uid().unwrap_or(0);
-        let gid = header.gid().unwrap_or(0);
         let io_err = |what: &str| ArchiveError::io(format!("{what} {}", path.display()));
 
         match kind {
@@ -280,7 +278,7 @@ impl Extractor<'_> {
         path: &Path,
         uid: u64,
         gid: u64,
-        mtime: u64,
+        mtime: i64,
     ) -> Result<(), ArchiveError> {
         let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
             ArchiveError::io(path.display().to_string())(io::Error::other("NUL in path"))

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tar::EntryType;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{display_path, extract::clean_path};
+use super::{EntryMeta, display_path, entry_meta, extract::clean_path};
 
 /// Files at least this large are stored in a file of their own.
 pub const OWN_FILE_THRESHOLD: u64 = 64 * 1024;
@@ -251,12 +251,11 @@ impl Builder<'_> {
                 return Ok(());
             }
         };
+        let EntryMeta { mtime, uid, gid } = entry_meta(&mut entry);
+        let (uid, gid) = (uid as u32, gid as u32);
         let header = entry.header();
         let kind = header.entry_type();
         let mode = header.mode().unwrap_or(0o644) & 0o1777;
-        let uid = header.uid().unwrap_or(0) as u32;
-        let gid = header.gid().unwrap_or(0) as u32;
-        let mtime = header.mtime().unwrap_or(0) as i64;
         let Some((name, parents)) = parts.split_last() else {
             // The archive's own root (`./`): its attributes become the root's.
             if kind == EntryType::Directory {

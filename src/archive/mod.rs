@@ -38,6 +38,43 @@ impl ArchiveError {
     }
 }
 
+/// An entry's owner and mtime as `tar -x` sees them: pax records (`mtime`, `uid`,
+/// `gid`) win over the header, since they hold what the header cannot (fractions of a
+/// second, times before 1970, large ids). Fractional mtimes are floored, like `tar`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryMeta {
+    pub mtime: i64,
+    pub uid: u64,
+    pub gid: u64,
+}
+
+pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> EntryMeta {
+    let header = entry.header();
+    let mut meta = EntryMeta {
+        mtime: header.mtime().map_or(0, |t| t as i64),
+        uid: header.uid().unwrap_or(0),
+        gid: header.gid().unwrap_or(0),
+    };
+    if let Ok(Some(extensions)) = entry.pax_extensions() {
+        for extension in extensions.flatten() {
+            let (Ok(key), Ok(value)) = (extension.key(), extension.value()) else {
+                continue;
+            };
+            match key {
+                "mtime" => {
+                    if let Ok(t) = value.trim().parse::<f64>() {
+                        meta.mtime = t.floor() as i64;
+                    }
+                }
+                "uid" => meta.uid = value.trim().parse().unwrap_or(meta.uid),
+                "gid" => meta.gid = value.trim().parse().unwrap_or(meta.gid),
+                _ => {}
+            }
+        }
+    }
+    meta
+}
+
 /// Renders a raw tar path for messages; non-UTF-8 bytes are shown escaped.
 pub(crate) fn display_path(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()

@@ -7,7 +7,8 @@
 //! are sent from the seal's thread. Errors are logged once here, with the errno sent.
 //!
 //! Kernel caches: checkpoint contents never change, so their entries and attributes
-//! are cached for a day and their pages kept across opens. Top-level names in
+//! are cached for a day and their pages kept across opens; names in the root and in
+//! `by-time/` follow the listing and are cached for a second. Top-level names in
 //! `staging/` and `commit/` are never cached, because `mv staging/NAME commit/`
 //! turns a directory into a symlink under the kernel's feet.
 
@@ -99,6 +100,9 @@ impl FuseAdapter {
 fn entry_ttl(fs: &CheckpointFs, parent: u64, ino: u64) -> Duration {
     if parent == inode::STAGING || parent == inode::COMMIT {
         UNCACHED
+    } else if parent == inode::ROOT || parent == inode::BY_TIME {
+        // A checkpoint deleted from the store must vanish with the next listing.
+        MUTABLE_TTL
     } else if fs.is_immutable(ino) {
         IMMUTABLE_TTL
     } else {
@@ -501,11 +505,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         // Device files and FIFOs are never part of a checkpoint.
-        reply.error(errno(
-            "mknod",
-            parent.0,
-            &FsError::NotPermitted("device files and FIFOs are not supported"),
-        ));
+        let error = if StagingTree::owns_inode(parent.0) {
+            FsError::NotPermitted("device files and FIFOs are not supported")
+        } else {
+            FsError::ReadOnly
+        };
+        reply.error(errno("mknod", parent.0, &error));
     }
 
     fn mkdir(

@@ -1,7 +1,8 @@
 //! A TCP proxy that forwards faithfully until a connection has sent more than a byte
 //! budget upstream, then cuts that connection (both ways). Small requests (HEAD,
 //! CreateMultipartUpload, AbortMultipartUpload) get through; every attempt at sending a
-//! large body fails part-way, however often it is retried.
+//! large body fails part-way, however often it is retried. [`CuttingProxy::set_cutting`]
+//! turns the cutting off (and on again), so one client can fail and then succeed.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -14,6 +15,8 @@ const METHODS: [&[u8]; 5] = [b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE "];
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
+    /// Set while the proxy forwards everything (cutting is on by default).
+    passing: AtomicBool,
     cut: AtomicUsize,
     requests: Mutex<Vec<String>>,
 }
@@ -66,6 +69,12 @@ impl CuttingProxy {
     /// How many connections were cut so far.
     pub fn connections_cut(&self) -> usize {
         self.shared.cut.load(Ordering::SeqCst)
+    }
+
+    /// Cuts connections over the budget (`true`, the default) or forwards everything
+    /// (`false`). Connections already cut stay cut.
+    pub fn set_cutting(&self, on: bool) {
+        self.shared.passing.store(!on, Ordering::SeqCst);
     }
 
     /// HTTP request lines seen (best effort: those at the start of a read).
@@ -121,7 +130,8 @@ fn serve(client: TcpStream, upstream: SocketAddr, limit: u64, shared: Arc<Shared
                 .push(String::from_utf8_lossy(&chunk[..end]).into_owned());
         }
         forwarded += n as u64;
-        if forwarded > limit || shared.stop.load(Ordering::SeqCst) {
+        let over = forwarded > limit && !shared.passing.load(Ordering::SeqCst);
+        if over || shared.stop.load(Ordering::SeqCst) {
             shared.cut.fetch_add(1, Ordering::SeqCst);
             let _ = client_read.shutdown(Shutdown::Both);
             let _ = server_write.shutdown(Shutdown::Both);

@@ -1,0 +1,246 @@
+//! The on-disk cache: reused after a restart, damaged entries detected and fetched
+//! again, bounded by `--cache-size` with least-recently-used eviction.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::harness::{Mount, MountedStore, repo_temp_dir};
+use crate::util::TestStore;
+use crate::util::tree::{assert_same_tree, make_random_tree, make_sample_tree, random_bytes};
+
+/// Every regular file under `dir`, recursively, with its size.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries {
+        let entry = entry.unwrap();
+        let md = fs::symlink_metadata(entry.path()).unwrap();
+        if md.is_dir() {
+            out.extend(files_under(&entry.path()));
+        } else {
+            out.push((entry.path(), md.len()));
+        }
+    }
+    out
+}
+
+/// Checkpoint directories in the cache (`checkpoints/<sha256>`), sorted.
+fn cached_checkpoints(cache: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(cache.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| crate::util::is_sha256_hex(n))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Flips every byte of `path`, keeping its length.
+fn corrupt_same_length(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    assert!(!bytes.is_empty(), "{} is empty", path.display());
+    for b in &mut bytes {
+        *b ^= 0x5a;
+    }
+    fs::write(path, &bytes).unwrap();
+}
+
+#[track_caller]
+fn assert_mode(path: &Path, want: u32) {
+    let mode = fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, want, "mode of {}", path.display());
+}
+
+#[track_caller]
+fn assert_counters(mount: &MountedStore, downloads: u64, from_cache: u64) {
+    let status = mount.status();
+    assert_eq!(
+        (status.downloads, status.loaded_from_cache),
+        (downloads, from_cache),
+        "(downloads, loaded from cache):\n{}\nlog:\n{}",
+        status.text,
+        mount.log_text()
+    );
+}
+
+pub(super) fn cache_is_reused_and_repaired_after_restarts(store: &TestStore) {
+    let work = repo_temp_dir("cache-");
+    let src = work.path().join("src");
+    make_sample_tree(&src);
+    let (sha, _) = store.put(&src, &[]);
+    let original = store.object_bytes(&sha).unwrap();
+    let cache = work.path().join("cache");
+
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&src, &mount.join(&sha));
+    assert_counters(&mount, 1, 0);
+    assert_eq!(mount.status().state(&sha), "verified");
+    let status = mount.unmount();
+    assert!(status.success(), "the daemon exits 0 on unmount: {status}");
+
+    // The layout, private to the mounting user.
+    let entry = cache.join("checkpoints").join(&sha);
+    assert_mode(&cache, 0o700);
+    assert_mode(&cache.join("checkpoints"), 0o700);
+    assert_mode(&entry, 0o700);
+    assert!(entry.join("index").is_file());
+    assert!(entry.join("pack").is_file());
+    let own_files = files_under(&entry.join("files"));
+    assert!(
+        own_files
+            .iter()
+            .any(|(_, len)| *len == 300 * 1024 || *len > 64 * 1024),
+        "big.txt (300 KiB) has a file of its own: {own_files:?}"
+    );
+    for (path, _) in files_under(&cache.join("checkpoints")) {
+        assert_mode(&path, 0o600);
+    }
+
+    // Restart: served from the cache. The store's copy is now corrupt, so a download
+    // would fail: the contents can only come from the cache.
+    let mut bad = original.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    store.write_object_bytes(&sha, &bad, None);
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_eq!(mount.status().state(&sha), "listed");
+    assert_counters(&mount, 0, 0);
+    assert_same_tree(&src, &mount.join(&sha));
+    assert_counters(&mount, 0, 1);
+    drop(mount);
+    store.write_object_bytes(&sha, &original, Some((&sha, original.len() as u64)));
+
+    // A damaged own file (same length, other bytes): detected, fetched again.
+    let (own, _) = files_under(&entry.join("files"))
+        .into_iter()
+        .max_by_key(|(_, len)| *len)
+        .expect("an own file");
+    corrupt_same_length(&own);
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&src, &mount.join(&sha));
+    assert_counters(&mount, 1, 0);
+    drop(mount);
+
+    // A damaged pack: the same.
+    corrupt_same_length(&entry.join("pack"));
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&src, &mount.join(&sha));
+    assert_counters(&mount, 1, 0);
+    drop(mount);
+
+    // And the repaired entry is good again.
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&src, &mount.join(&sha));
+    assert_counters(&mount, 0, 1);
+}
+
+const CACHE_SIZE: u64 = 1 << 20;
+const BLOB: usize = 600 * 1024;
+
+pub(super) fn eviction_keeps_the_cache_under_its_bound(store: &TestStore) {
+    let work = repo_temp_dir("evict-");
+    let shas: Vec<String> = (0..3)
+        .map(|i| {
+            let dir = work.path().join(format!("ckpt{i}"));
+            make_random_tree(&dir, BLOB, 1000 + i);
+            store.put(&dir, &[]).0
+        })
+        .collect();
+    let cache = work.path().join("cache");
+    let mount = Mount::new(store)
+        .cache_dir(&cache)
+        .args(["--cache-size", "1MiB"])
+        .start();
+
+    // Each in turn, then the first two again (evicted by then).
+    for (round, i) in [0usize, 1, 2, 0, 1].into_iter().enumerate() {
+        let ckpt = mount.join(&shas[i]);
+        let blob = fs::read(ckpt.join("blob.bin"))
+            .unwrap_or_else(|e| panic!("round {round}: read: {e}\nlog:\n{}", mount.log_text()));
+        assert!(
+            blob == random_bytes(BLOB, 1000 + i as u64),
+            "round {round}: contents of checkpoint {i}"
+        );
+        assert_eq!(fs::read(ckpt.join("README")).unwrap(), b"random payload\n");
+
+        let on_disk: u64 = files_under(&cache.join("checkpoints"))
+            .iter()
+            .map(|(_, len)| len)
+            .sum();
+        let cached = cached_checkpoints(&cache);
+        let status = mount.status();
+        assert!(
+            on_disk <= CACHE_SIZE,
+            "round {round}: {on_disk} bytes in the cache, bound {CACHE_SIZE}: {cached:?}\n{}",
+            status.text
+        );
+        assert!(status.cache_bytes <= CACHE_SIZE, "{}", status.text);
+        assert!(
+            cached.contains(&shas[i]),
+            "round {round}: the checkpoint just read is cached: {cached:?}"
+        );
+        assert_eq!(cached.len(), 1, "round {round}: only one fits: {cached:?}");
+        assert_eq!(status.cache_entries, 1, "{}", status.text);
+        assert_eq!(status.downloads, round as u64 + 1, "{}", status.text);
+    }
+
+    // A checkpoint with an open file is not evicted, and the open file keeps reading.
+    let open = fs::File::open(mount.join(&shas[1]).join("blob.bin")).unwrap();
+    for i in [2usize, 0] {
+        let blob = fs::read(mount.join(&shas[i]).join("blob.bin")).unwrap();
+        assert!(blob == random_bytes(BLOB, 1000 + i as u64));
+        let cached = cached_checkpoints(&cache);
+        assert!(
+            cached.contains(&shas[1]),
+            "a checkpoint with an open file was evicted: {cached:?}"
+        );
+    }
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut &open, &mut data).unwrap();
+    assert!(
+        data == random_bytes(BLOB, 1001),
+        "reading the pinned checkpoint"
+    );
+    drop(open);
+    // Once closed it can go: the next load brings the cache back under its bound.
+    let blob = fs::read(mount.join(&shas[2]).join("blob.bin")).unwrap();
+    assert!(blob == random_bytes(BLOB, 1002));
+    let cached = cached_checkpoints(&cache);
+    assert_eq!(
+        cached,
+        [shas[2].as_str()],
+        "after the pinned file was closed"
+    );
+}
+
+/// A checkpoint larger than the whole cache bound is still served (and does not
+/// push itself out while it is being opened).
+pub(super) fn a_checkpoint_larger_than_the_cache_still_reads(store: &TestStore) {
+    let work = repo_temp_dir("oversize-");
+    let dir = work.path().join("big");
+    make_random_tree(&dir, BLOB, 7);
+    let (sha, _) = store.put(&dir, &[]);
+    let mount = Mount::new(store).args(["--cache-size", "100KiB"]).start();
+    let names: Vec<String> = fs::read_dir(mount.join(&sha))
+        .unwrap_or_else(|e| {
+            panic!(
+                "ls: {e}\n{}\nlog:\n{}",
+                mount.status().text,
+                mount.log_text()
+            )
+        })
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let blob = fs::read(mount.join(&sha).join("blob.bin")).unwrap_or_else(|e| {
+        panic!(
+            "read: {e}\n{}\nlog:\n{}",
+            mount.status().text,
+            mount.log_text()
+        )
+    });
+    assert!(blob == random_bytes(BLOB, 7));
+}

@@ -1,0 +1,461 @@
+//! Mounting a store for real: [`Mount`] builds a `ckptfs mount --foreground` command,
+//! [`MountedStore`] runs it until dropped, and [`Status`] reads `.status`.
+//!
+//! Every mount lives in a temp dir under the repository's `.tmp/` (which
+//! `scripts/test.sh` sweeps for leftover FUSE mounts): `mnt/` is the mount point,
+//! `cache/` the default cache dir, `mount.log` the daemon's stderr. A mount is always
+//! unmounted on drop, also when the test panics: `fusermount3 -u`, then SIGTERM and a
+//! lazy `fusermount3 -uz` if that fails.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::util::{TestStore, ckptfs};
+
+/// Longest wait for a mount to appear, or for something to show in `.status`.
+pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A fresh temp dir under the repository's `.tmp/`.
+pub fn repo_temp_dir(prefix: &str) -> TempDir {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tmp/tests");
+    fs::create_dir_all(&base).expect("create .tmp/tests");
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .expect("create temp dir under .tmp")
+}
+
+/// What to mount, and how.
+pub struct Mount {
+    store_url: String,
+    cache_dir: Option<PathBuf>,
+    endpoint: Option<String>,
+    args: Vec<OsString>,
+}
+
+impl Mount {
+    pub fn new(store: &TestStore) -> Self {
+        Mount {
+            store_url: store.url(),
+            cache_dir: None,
+            endpoint: None,
+            args: Vec::new(),
+        }
+    }
+
+    /// Uses this cache dir (kept by the caller, e.g. across a restart) instead of a
+    /// fresh one.
+    pub fn cache_dir(mut self, dir: &Path) -> Self {
+        self.cache_dir = Some(dir.to_owned());
+        self
+    }
+
+    /// Talks to S3 through this endpoint (a proxy) instead of the test server.
+    pub fn endpoint(mut self, url: &str) -> Self {
+        self.endpoint = Some(url.to_owned());
+        self
+    }
+
+    /// Extra `ckptfs mount` options.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Mounts, and returns once the mount shows in `/proc/self/mountinfo`.
+    #[track_caller]
+    pub fn start(self) -> MountedStore {
+        let work = repo_temp_dir("mount-");
+        // Canonical, as /proc/self/mountinfo shows it.
+        let mountpoint = fs::canonicalize(work.path())
+            .expect("canonical temp dir")
+            .join("mnt");
+        fs::create_dir(&mountpoint).expect("create mount point");
+        let cache_dir = self.cache_dir.unwrap_or_else(|| work.path().join("cache"));
+        let log = work.path().join("mount.log");
+        let log_file = File::create(&log).expect("create mount log");
+        let mut cmd = ckptfs();
+        cmd.arg("mount")
+            .arg(&self.store_url)
+            .arg(&mountpoint)
+            .arg("--foreground")
+            .arg("--cache-dir")
+            .arg(&cache_dir)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdout(log_file.try_clone().expect("clone log handle"))
+            .stderr(log_file);
+        if let Some(endpoint) = &self.endpoint {
+            cmd.env("AWS_ENDPOINT_URL", endpoint);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start ckptfs mount: {e}"));
+        let mut mounted = MountedStore {
+            mountpoint,
+            cache_dir,
+            log,
+            child: Some(child),
+            _work: work,
+        };
+        mounted.wait_mounted();
+        mounted
+    }
+}
+
+/// A running `ckptfs mount --foreground`, unmounted on drop.
+pub struct MountedStore {
+    mountpoint: PathBuf,
+    cache_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    // Dropped last: the mount point and log live in it.
+    _work: TempDir,
+}
+
+impl MountedStore {
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// A path inside the mount.
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache_dir
+    }
+
+    /// What the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `.status`, parsed.
+    #[track_caller]
+    pub fn status(&self) -> Status {
+        let text = fs::read_to_string(self.join(".status")).unwrap_or_else(|e| {
+            panic!(
+                "read .status: {e} (daemon: {})\nlog:\n{}",
+                self.daemon_state(),
+                self.log_text()
+            )
+        });
+        Status::parse(&text)
+    }
+
+    /// The daemon's process state from `/proc` (`R`, `S`, `Z`...), for messages.
+    pub fn daemon_state(&self) -> String {
+        let Some(child) = &self.child else {
+            return "reaped".into();
+        };
+        match fs::read_to_string(format!("/proc/{}/stat", child.id())) {
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .map_or(stat.clone(), |(_, rest)| rest[..1].to_owned()),
+            Err(e) => format!("unknown ({e})"),
+        }
+    }
+
+    #[track_caller]
+    fn wait_mounted(&mut self) {
+        let deadline = Instant::now() + MOUNT_TIMEOUT;
+        loop {
+            if mount_entry(&self.mountpoint).is_some() {
+                return;
+            }
+            let child = self.child.as_mut().expect("daemon running");
+            if let Some(status) = child.try_wait().expect("poll mount daemon") {
+                self.child = None;
+                panic!(
+                    "ckptfs mount exited ({status}) before mounting; log:\n{}",
+                    self.log_text()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{} did not show up as a mount within {MOUNT_TIMEOUT:?}; log:\n{}",
+                    self.mountpoint.display(),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Unmounts with `fusermount3 -u` and returns the daemon's exit status.
+    #[track_caller]
+    pub fn unmount(mut self) -> ExitStatus {
+        let status = self.stop();
+        assert!(
+            mount_entry(&self.mountpoint).is_none(),
+            "{} is still mounted",
+            self.mountpoint.display()
+        );
+        status.unwrap_or_else(|| panic!("the mount daemon had already exited"))
+    }
+
+    /// Sends SIGTERM and returns the daemon's exit status once it exited (after
+    /// unmounting itself, as it should); panics if it does not exit within 10 s.
+    #[track_caller]
+    pub fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = wait_timeout(&mut child, Duration::from_secs(10));
+        if status.is_none() {
+            self.child = Some(child);
+            panic!(
+                "the daemon did not exit within 10 s of SIGTERM; log:\n{}",
+                self.log_text()
+            );
+        }
+        let still_mounted = mount_entry(&self.mountpoint).is_some();
+        if still_mounted {
+            fusermount(&["-u", "-z"], &self.mountpoint);
+        }
+        assert!(
+            !still_mounted,
+            "the daemon exited on SIGTERM without unmounting; log:\n{}",
+            self.log_text()
+        );
+        status.unwrap()
+    }
+
+    /// Unmounts (politely, then by force) and reaps the daemon.
+    fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if mount_entry(&self.mountpoint).is_some() && !fusermount(&["-u"], &self.mountpoint) {
+            // Busy or stuck: let the daemon unmount itself, then detach lazily.
+            // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = wait_timeout(&mut child, Duration::from_secs(5));
+            if mount_entry(&self.mountpoint).is_some() {
+                fusermount(&["-u", "-z"], &self.mountpoint);
+            }
+        }
+        match wait_timeout(&mut child, Duration::from_secs(10)) {
+            Some(status) => Some(status),
+            None => {
+                let _ = child.kill();
+                child.wait().ok()
+            }
+        }
+    }
+}
+
+impl Drop for MountedStore {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn fusermount(flags: &[&str], mountpoint: &Path) -> bool {
+    Command::new("fusermount3")
+        .args(flags)
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    /// Per-mount options (`rw,nosuid,nodev,...`).
+    pub mount_options: Vec<String>,
+    pub fs_type: String,
+}
+
+/// Undoes the octal escapes (`\040`) of mountinfo fields.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The mountinfo entry whose mount point is `path`, if mounted.
+pub fn mount_entry(path: &Path) -> Option<MountEntry> {
+    use std::os::unix::ffi::OsStrExt;
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    let want = path.as_os_str().as_bytes();
+    text.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 10 || unescape(fields[4]) != want {
+            return None;
+        }
+        let dash = fields.iter().position(|f| *f == "-")?;
+        Some(MountEntry {
+            mount_options: fields[5].split(',').map(str::to_owned).collect(),
+            fs_type: fields.get(dash + 1)?.to_string(),
+        })
+    })
+}
+
+/// `.status`, parsed: the counters header and one state per checkpoint.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub text: String,
+    pub checkpoints: u64,
+    pub cache_bytes: u64,
+    pub cache_entries: u64,
+    pub downloads: u64,
+    pub loaded_from_cache: u64,
+    /// sha256 -> (size, time, state).
+    pub lines: BTreeMap<String, StatusLine>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusLine {
+    pub size: u64,
+    pub time: String,
+    pub state: String,
+}
+
+impl Status {
+    #[track_caller]
+    pub fn parse(text: &str) -> Status {
+        let mut counters = None;
+        let mut lines = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            if let Some(header) = line.strip_prefix('#') {
+                if let Some(rest) = header.trim().strip_prefix("checkpoints: ") {
+                    counters = Some(parse_counters(rest, text));
+                }
+                continue;
+            }
+            let fields: Vec<&str> = line.splitn(4, "  ").collect();
+            assert!(
+                fields.len() == 4 && crate::util::is_sha256_hex(fields[0]),
+                "bad .status line {line:?}:\n{text}"
+            );
+            let size = fields[1]
+                .parse()
+                .unwrap_or_else(|_| panic!("bad size in .status line {line:?}:\n{text}"));
+            assert!(
+                crate::util::parse_rfc3339_utc(fields[2]).is_some(),
+                "bad time in .status line {line:?}:\n{text}"
+            );
+            let state = fields[3].to_owned();
+            assert!(
+                ["listed", "verifying", "verified"].contains(&state.as_str())
+                    || state.starts_with("FAILED: "),
+                "bad state in .status line {line:?}:\n{text}"
+            );
+            let previous = lines.insert(
+                fields[0].to_owned(),
+                StatusLine {
+                    size,
+                    time: fields[2].to_owned(),
+                    state,
+                },
+            );
+            assert!(previous.is_none(), "checkpoint shown twice:\n{text}");
+        }
+        let [
+            checkpoints,
+            cache_bytes,
+            cache_entries,
+            downloads,
+            loaded_from_cache,
+        ] = counters
+            .unwrap_or_else(|| panic!("no `# checkpoints: ...` header in .status:\n{text}"));
+        assert_eq!(
+            checkpoints,
+            lines.len() as u64,
+            "checkpoint count disagrees with the lines:\n{text}"
+        );
+        Status {
+            text: text.to_owned(),
+            checkpoints,
+            cache_bytes,
+            cache_entries,
+            downloads,
+            loaded_from_cache,
+            lines,
+        }
+    }
+
+    /// The state of checkpoint `sha` (`listed`, `verifying`, `verified`, `FAILED: ...`).
+    #[track_caller]
+    pub fn state(&self, sha: &str) -> &str {
+        match self.lines.get(sha) {
+            Some(line) => &line.state,
+            None => panic!("{sha} is not in .status:\n{}", self.text),
+        }
+    }
+}
+
+/// `N; cache: B bytes in E checkpoints; downloads: D; loaded from cache: R`.
+#[track_caller]
+fn parse_counters(rest: &str, text: &str) -> [u64; 5] {
+    let bad = || -> ! { panic!("bad counters header in .status:\n{text}") };
+    let numbers: Vec<u64> = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap_or_else(|_| bad()))
+        .collect();
+    let expected_shape = format!(
+        "{}; cache: {} bytes in {} checkpoints; downloads: {}; loaded from cache: {}",
+        numbers.first().unwrap_or_else(|| bad()),
+        numbers.get(1).unwrap_or_else(|| bad()),
+        numbers.get(2).unwrap_or_else(|| bad()),
+        numbers.get(3).unwrap_or_else(|| bad()),
+        numbers.get(4).unwrap_or_else(|| bad()),
+    );
+    if rest.trim() != expected_shape || numbers.len() != 5 {
+        bad();
+    }
+    [numbers[0], numbers[1], numbers[2], numbers[3], numbers[4]]
+}
+
+/// The raw OS error of `result`, panicking if it succeeded.
+#[track_caller]
+pub fn errno_of<T: std::fmt::Debug>(what: &str, result: io::Result<T>) -> i32 {
+    match result {
+        Ok(value) => panic!("{what} succeeded ({value:?}); expected an error"),
+        Err(e) => e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("{what} failed without an errno: {e}")),
+    }
+}

@@ -1,0 +1,136 @@
+//! Starting and stopping: daemon mode returns once the mount is ready, SIGTERM
+//! unmounts, and a mount that cannot happen fails with a one-line error.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::harness::{Mount, mount_entry, repo_temp_dir};
+use crate::util::tree::make_small_tree;
+use crate::util::{TestStore, ckptfs, run};
+
+/// Lazily unmounts a mount point on drop, if something is still mounted there.
+struct LazyUnmount(PathBuf);
+
+impl Drop for LazyUnmount {
+    fn drop(&mut self) {
+        if mount_entry(&self.0).is_some() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie waiting for whoever adopted it).
+fn process_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn daemon_mode_returns_once_mounted_and_exits_on_unmount() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("daemon-");
+    let src = work.path().join("src");
+    make_small_tree(&src, "daemon");
+    let (sha, _) = store.put(&src, &[]);
+    let mnt = work.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let cache = work.path().join("cache");
+    let _unmount = LazyUnmount(mnt.clone());
+
+    let out = run(ckptfs()
+        .arg("mount")
+        .arg(store.url())
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(&cache))
+    .success();
+    assert!(
+        mount_entry(&mnt).is_some(),
+        "mounted by the time the command returns: {out}"
+    );
+    let line = out.one_line_error().to_owned();
+    assert!(line.starts_with("mounted "), "{out}");
+    let pid: u32 = line
+        .split_once("daemon pid ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon pid in {line:?}"));
+    let log = line
+        .split_once(", log ")
+        .map(|(_, rest)| rest.trim_end_matches(')'))
+        .unwrap_or_else(|| panic!("no log path in {line:?}"));
+    assert!(Path::new(log).is_file(), "{log}");
+    assert!(!process_gone(pid), "the daemon runs");
+
+    assert_eq!(
+        fs::read(mnt.join(&sha).join("note.txt")).unwrap(),
+        b"checkpoint daemon\n"
+    );
+
+    run(Command::new("fusermount3").arg("-u").arg(&mnt)).success();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon is still running after the unmount; log:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_unmounts_and_exits_cleanly() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("sigterm-");
+    make_small_tree(&work.path().join("src"), "sigterm");
+    let (sha, _) = store.put(&work.path().join("src"), &[]);
+    let mount = Mount::new(&store).start();
+    assert!(mount.join(&sha).join("note.txt").is_file());
+    let status = mount.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[test]
+fn a_mount_that_cannot_happen_fails_with_one_line() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("nomount-");
+    let missing = work.path().join("no-such-dir");
+    for foreground in [true, false] {
+        let mut cmd = ckptfs();
+        cmd.arg("mount")
+            .arg(store.url())
+            .arg(&missing)
+            .arg("--cache-dir")
+            .arg(work.path().join("cache"));
+        if foreground {
+            cmd.arg("--foreground");
+        }
+        let _unmount = LazyUnmount(missing.clone());
+        let out = run(&mut cmd).failure();
+        // In the foreground stderr is also the daemon's log; the error comes last.
+        let line = if foreground {
+            out.stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+        } else {
+            out.one_line_error()
+        };
+        assert!(
+            line.starts_with("ckptfs: error:") && line.contains("no-such-dir"),
+            "foreground={foreground}: the error says what failed: {out}"
+        );
+    }
+}
