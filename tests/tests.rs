@@ -1,6 +1,7 @@
 //! The integration test binary: every feature's tests as a module, so the suite links
 //! once. Run through `scripts/test.sh`, which starts the S3 server the tests need.
 
+mod capture;
 mod mount;
 mod store;
 mod util;

@@ -261,10 +261,24 @@ impl Cache {
         id: &CheckpointId,
         index: Index,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
+        let dir = self.entry_dir(id);
+        if dir.exists() {
+            // The same checkpoint is already here (a tree sealed twice): keep the entry
+            // its readers may be using, unless it is damaged.
+            match open_entry(id, &dir) {
+                Ok(existing) => {
+                    drop(pending);
+                    self.touch(id, &dir, existing.index.unpacked_bytes);
+                    return Ok(Arc::new(existing));
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %id, error = %e, "replacing a damaged cache entry");
+                    self.remove(id);
+                }
+            }
+        }
         let partial = pending.dir.take().expect("a pending entry finishes once");
         let result = write_index(&partial, &index).and_then(|()| {
-            let dir = self.entry_dir(id);
-            self.remove(id);
             fs::rename(&partial, &dir).map_err(io_err(&dir))?;
             let checkpoint = open_entry_trusted(id, &dir)?;
             self.touch(id, &dir, checkpoint.index.unpacked_bytes);

@@ -36,7 +36,59 @@ const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
 const MUTABLE_TTL: Duration = Duration::from_secs(1);
 const UNCACHED: Duration = Duration::ZERO;
 
-type Backing = Arc<Mutex<HashMap<u64, BackingId>>>;
+/// Passthrough backing files in use. The kernel takes one backing file per inode:
+/// a second open of an inode must reuse the first one's id (a different one makes
+/// the open fail with EIO), so ids are shared and counted per inode.
+#[derive(Default)]
+struct BackingTable {
+    by_inode: HashMap<u64, (BackingId, usize)>,
+    /// Which inode each passthrough handle belongs to.
+    by_handle: HashMap<u64, u64>,
+}
+
+impl BackingTable {
+    /// Makes `ino` have a backing id for handle `fh`, reusing the inode's or
+    /// registering one; false if the kernel refused it.
+    fn acquire(
+        &mut self,
+        ino: u64,
+        fh: u64,
+        register: impl FnOnce() -> std::io::Result<BackingId>,
+    ) -> bool {
+        if let Some((_, count)) = self.by_inode.get_mut(&ino) {
+            *count += 1;
+        } else {
+            match register() {
+                Ok(id) => {
+                    self.by_inode.insert(ino, (id, 1));
+                }
+                Err(e) => {
+                    tracing::debug!(ino, error = %e, "passthrough refused; serving this file in user space");
+                    return false;
+                }
+            }
+        }
+        self.by_handle.insert(fh, ino);
+        true
+    }
+
+    fn id(&self, ino: u64) -> &BackingId {
+        &self.by_inode[&ino].0
+    }
+
+    fn release(&mut self, fh: u64) {
+        if let Some(ino) = self.by_handle.remove(&fh)
+            && let Some((_, count)) = self.by_inode.get_mut(&ino)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.by_inode.remove(&ino);
+            }
+        }
+    }
+}
+
+type Backing = Arc<Mutex<BackingTable>>;
 
 pub struct FuseAdapter {
     fs: Arc<CheckpointFs>,
@@ -53,7 +105,7 @@ impl FuseAdapter {
         FuseAdapter {
             fs,
             passthrough: Arc::new(AtomicBool::new(false)),
-            backing: Arc::new(Mutex::new(HashMap::new())),
+            backing: Arc::new(Mutex::new(BackingTable::default())),
             notifier,
         }
     }
@@ -115,9 +167,9 @@ fn file_attr(attr: &Attr) -> FileAttr {
         ino: INodeNo(attr.ino),
         size: attr.size,
         blocks: attr.size.div_ceil(512),
-        atime: attr.mtime,
+        atime: attr.atime,
         mtime: attr.mtime,
-        ctime: attr.mtime,
+        ctime: attr.ctime,
         crtime: attr.mtime,
         kind: match attr.kind {
             FileKind::Directory => FileType::Directory,
@@ -276,16 +328,21 @@ impl Filesystem for FuseAdapter {
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
             if passthrough && let Some(file) = &opened.backing {
-                match reply.open_backing(file) {
-                    Ok(id) => {
-                        // The kernel refuses cache flags with passthrough (EIO): the
-                        // page cache is the backing file's own anyway.
-                        reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &id);
-                        backing.lock().expect("backing lock").insert(opened.fh, id);
-                        return;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "passthrough refused; serving reads in user space"),
+                let mut table = backing.lock().expect("backing lock");
+                if table.acquire(ino.0, opened.fh, || reply.open_backing(file)) {
+                    // The kernel refuses cache flags with passthrough (EIO): the page
+                    // cache is the backing file's own anyway.
+                    let id = table.id(ino.0);
+                    return reply.opened_passthrough(
+                        FileHandle(opened.fh),
+                        FopenFlags::empty(),
+                        id,
+                    );
                 }
+                // Direct I/O may coexist with passthrough opens of the same inode;
+                // cached I/O may not.
+                let flags = open_flags(&opened) | FopenFlags::FOPEN_DIRECT_IO;
+                return reply.opened(FileHandle(opened.fh), flags);
             }
             reply.opened(FileHandle(opened.fh), open_flags(&opened));
         });
@@ -315,26 +372,15 @@ impl Filesystem for FuseAdapter {
         if self.passthrough.load(Ordering::Relaxed)
             && let Some(file) = &opened.backing
         {
-            match reply.open_backing(file) {
-                Ok(id) => {
-                    reply.created_passthrough(
-                        &ttl,
-                        &fuse_attr,
-                        Generation(0),
-                        FileHandle(opened.fh),
-                        FopenFlags::empty(),
-                        &id,
-                    );
-                    self.backing
-                        .lock()
-                        .expect("backing lock")
-                        .insert(opened.fh, id);
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "passthrough refused; serving writes in user space")
-                }
+            let mut table = self.backing.lock().expect("backing lock");
+            let fh = FileHandle(opened.fh);
+            if table.acquire(attr.ino, opened.fh, || reply.open_backing(file)) {
+                let id = table.id(attr.ino);
+                let empty = FopenFlags::empty();
+                return reply.created_passthrough(&ttl, &fuse_attr, Generation(0), fh, empty, id);
             }
+            let flags = fopen | FopenFlags::FOPEN_DIRECT_IO;
+            return reply.created(&ttl, &fuse_attr, Generation(0), fh, flags);
         }
         reply.created(
             &ttl,
@@ -415,7 +461,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.backing.lock().expect("backing lock").remove(&fh.0);
+        self.backing.lock().expect("backing lock").release(fh.0);
         self.fs.release(fh.0);
         reply.ok();
     }

@@ -70,7 +70,9 @@ pub struct Attr {
     pub nlink: u32,
     pub uid: u32,
     pub gid: u32,
+    pub atime: SystemTime,
     pub mtime: SystemTime,
+    pub ctime: SystemTime,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +147,7 @@ pub struct CheckpointFs {
     seals: Mutex<commit::Seals>,
     config: FsConfig,
     state: Mutex<State>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     mounted_at: SystemTime,
 }
@@ -463,7 +465,9 @@ impl CheckpointFs {
             nlink,
             uid: self.config.uid,
             gid: self.config.gid,
+            atime: mtime,
             mtime,
+            ctime: mtime,
         }
     }
 
@@ -476,7 +480,9 @@ impl CheckpointFs {
             nlink: 1,
             uid: self.config.uid,
             gid: self.config.gid,
+            atime: mtime,
             mtime,
+            ctime: mtime,
         }
     }
 
@@ -495,7 +501,9 @@ impl CheckpointFs {
             nlink: node.nlink,
             uid,
             gid,
+            atime: time_from_secs(node.mtime),
             mtime: time_from_secs(node.mtime),
+            ctime: time_from_secs(node.mtime),
         }
     }
 
@@ -536,7 +544,9 @@ impl CheckpointFs {
                 nlink: 1,
                 uid: self.config.uid,
                 gid: self.config.gid,
+                atime: state.listed_at.unwrap_or(self.mounted_at),
                 mtime: state.listed_at.unwrap_or(self.mounted_at),
+                ctime: state.listed_at.unwrap_or(self.mounted_at),
             },
             Inode::ByTimeLink { slot } => {
                 let info = &state.slots.get(slot).ok_or(FsError::NotFound)?.info;
@@ -785,7 +795,7 @@ impl CheckpointFs {
         self.handles
             .lock()
             .expect("handles lock")
-            .insert(fh, handle);
+            .insert(fh, Arc::new(handle));
         Ok(OpenFile {
             fh,
             backing,
@@ -798,8 +808,8 @@ impl CheckpointFs {
         if StagingTree::owns_handle(fh) {
             return self.staging.read(fh, offset, size);
         }
-        let handles = self.handles.lock().expect("handles lock");
-        match handles.get(&fh).ok_or(FsError::BadHandle)? {
+        let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
+        match handle.as_deref().ok_or(FsError::BadHandle)? {
             Handle::Own { file, .. } => {
                 let mut buf = vec![0u8; size as usize];
                 let mut filled = 0;

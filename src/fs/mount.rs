@@ -78,7 +78,6 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::DefaultPermissions,
-        MountOption::NoAtime,
     ];
     config.acl = if args.allow_other {
         SessionACL::All

@@ -74,7 +74,7 @@ pub struct StagingTree {
     root_fd: Arc<OwnedFd>,
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     frozen: Mutex<HashSet<u64>>,
     /// Whether new entries can be given to their caller (the daemon runs as root).
@@ -102,6 +102,15 @@ fn timespec(t: SetTime) -> Timespec {
                 tv_nsec: d.subsec_nanos() as _,
             }
         }
+    }
+}
+
+fn time_of(secs: i64, nanos: impl TryInto<u32>) -> SystemTime {
+    let nanos = Duration::from_nanos(nanos.try_into().unwrap_or(0).into());
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64) + nanos
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + nanos
     }
 }
 
@@ -180,7 +189,9 @@ impl StagingTree {
             nlink: stat.st_nlink as u32,
             uid: stat.st_uid,
             gid: stat.st_gid,
-            mtime: UNIX_EPOCH + Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32),
+            atime: time_of(stat.st_atime, stat.st_atime_nsec),
+            mtime: time_of(stat.st_mtime, stat.st_mtime_nsec),
+            ctime: time_of(stat.st_ctime, stat.st_ctime_nsec),
         }
     }
 
@@ -266,11 +277,9 @@ impl StagingTree {
             .map_err(os)?;
         }
         if let Some(size) = set.size {
-            let handles = self.handles.lock().expect("handles lock");
-            match set.fh.and_then(|fh| handles.get(&fh)) {
+            match set.fh.and_then(|fh| self.handle(fh)).as_deref() {
                 Some(Handle::File { file, .. }) => file.set_len(size).map_err(FsError::Os)?,
                 _ => {
-                    drop(handles);
                     std::fs::OpenOptions::new()
                         .write(true)
                         .open(proc_path(&fd))
@@ -400,7 +409,7 @@ impl StagingTree {
         self.handles
             .lock()
             .expect("handles lock")
-            .insert(fh, handle);
+            .insert(fh, Arc::new(handle));
         fh
     }
 
@@ -408,10 +417,14 @@ impl StagingTree {
     /// backing file).
     pub fn open(&self, ino: u64, flags: i32) -> Result<(u64, File), FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let fd = self.fd(ino)?;
+        // The frozen check and the handle's registration happen under the handles
+        // lock, which `freeze` also takes: a seal cannot start between the two and miss
+        // a writer.
+        let mut handles = self.handles.lock().expect("handles lock");
         if writable {
             self.check_not_frozen(ino)?;
         }
-        let fd = self.fd(ino)?;
         let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
         let file: File = rfs::open(
             proc_path(&fd),
@@ -421,11 +434,15 @@ impl StagingTree {
         .map_err(os)?
         .into();
         let backing = file.try_clone().map_err(FsError::Os)?;
-        let fh = self.new_handle(Handle::File {
-            file,
-            ino,
-            writable,
-        });
+        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
+        handles.insert(
+            fh,
+            Arc::new(Handle::File {
+                file,
+                ino,
+                writable,
+            }),
+        );
         Ok((fh, backing))
     }
 
@@ -438,8 +455,10 @@ impl StagingTree {
         flags: i32,
         caller: Caller,
     ) -> Result<(Attr, u64, File), FsError> {
-        self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
+        // As in `open`: checked and registered under the lock `freeze` takes.
+        let mut handles = self.handles.lock().expect("handles lock");
+        self.check_not_frozen(parent)?;
         let os_name = OsStr::from_bytes(name);
         let file: File = rfs::openat(
             &*parent_fd,
@@ -455,17 +474,25 @@ impl StagingTree {
         self.give_to(&parent_fd, os_name, caller);
         let attr = self.lookup(parent, name)?;
         let backing = file.try_clone().map_err(FsError::Os)?;
-        let fh = self.new_handle(Handle::File {
-            file,
-            ino: attr.ino,
-            writable: true,
-        });
+        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
+        handles.insert(
+            fh,
+            Arc::new(Handle::File {
+                file,
+                ino: attr.ino,
+                writable: true,
+            }),
+        );
         Ok((attr, fh, backing))
     }
 
+    fn handle(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.handles.lock().expect("handles lock").get(&fh).cloned()
+    }
+
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let handles = self.handles.lock().expect("handles lock");
-        let Some(Handle::File { file, .. }) = handles.get(&fh) else {
+        let handle = self.handle(fh);
+        let Some(Handle::File { file, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
         let mut buf = vec![0u8; size as usize];
@@ -484,8 +511,8 @@ impl StagingTree {
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
-        let handles = self.handles.lock().expect("handles lock");
-        let Some(Handle::File { file, ino, .. }) = handles.get(&fh) else {
+        let handle = self.handle(fh);
+        let Some(Handle::File { file, ino, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
         self.check_not_frozen(*ino)?;
@@ -494,8 +521,7 @@ impl StagingTree {
     }
 
     pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
-        let handles = self.handles.lock().expect("handles lock");
-        if let Some(Handle::File { file, .. }) = handles.get(&fh) {
+        if let Some(Handle::File { file, .. }) = self.handle(fh).as_deref() {
             file.sync_all().map_err(FsError::Os)?;
         }
         Ok(())
@@ -545,7 +571,7 @@ impl StagingTree {
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, u64) -> bool,
     ) -> Result<(), FsError> {
-        let entries = match self.handles.lock().expect("handles lock").get(&fh) {
+        let entries = match self.handle(fh).as_deref() {
             Some(Handle::Dir(entries)) => Arc::clone(entries),
             _ => return Err(FsError::BadHandle),
         };
@@ -576,7 +602,7 @@ impl StagingTree {
         let set: HashSet<u64> = inodes.iter().copied().collect();
         let busy = handles
             .values()
-            .any(|h| matches!(h, Handle::File { ino, writable: true, .. } if set.contains(ino)));
+            .any(|h| matches!(**h, Handle::File { ino, writable: true, .. } if set.contains(&ino)));
         if busy {
             return Err(FsError::Busy);
         }

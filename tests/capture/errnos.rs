@@ -1,0 +1,280 @@
+//! What refused operations answer around a seal: EEXIST onto an existing commit name,
+//! EPERM for anything in `commit/` but a top-level `mv staging/NAME commit/`, EBUSY
+//! while a file of the workspace is open for writing, EROFS inside a checkpoint.
+
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use super::harness::{CaptureMount, MountOptions, assert_errno, errno_of, repo_temp_dir};
+use super::{cp_a, sh};
+use crate::util::TestStore;
+use crate::util::tree::{assert_same_tree, make_small_tree, set_mtime, write_file};
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+/// `renameat2(from, to, RENAME_NOREPLACE)`, as `mv` does it.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            c_path(from).as_ptr(),
+            libc::AT_FDCWD,
+            c_path(to).as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Stages a copy of a small tree tagged `tag` as `staging/NAME`; returns the tree.
+fn stage(mount: &CaptureMount, work: &Path, name: &str, tag: &str) -> std::path::PathBuf {
+    let tree = work.join(tag);
+    make_small_tree(&tree, tag);
+    cp_a(&tree, &mount.staged(name));
+    tree
+}
+
+/// Seals `staging/NAME` with a rename and returns its checkpoint's sha256.
+#[track_caller]
+fn seal(mount: &CaptureMount, name: &str) -> String {
+    fs::rename(mount.staged(name), mount.committed(name))
+        .unwrap_or_else(|e| panic!("seal {name}: {e}\n{}", mount.log_excerpt()));
+    mount.commit_target(name)
+}
+
+#[test]
+fn committing_onto_an_existing_name_fails_with_eexist() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-eexist-");
+    let mount = MountOptions::new(&store).start();
+    stage(&mount, work.path(), "turn", "first");
+    let sha = seal(&mount, "turn");
+
+    let second = stage(&mount, work.path(), "turn", "second");
+    assert_errno(
+        "renameat2(staging/turn, commit/turn, RENAME_NOREPLACE)",
+        rename_noreplace(&mount.staged("turn"), &mount.committed("turn")),
+        libc::EEXIST,
+    );
+    assert_same_tree(&second, &mount.staged("turn"));
+    let out = sh(r#"mv "$1/staging/turn" "$1/commit/""#, &[mount.path()]);
+    assert!(
+        !out.status.success(),
+        "mv onto an existing commit name: {out}"
+    );
+    let plain = errno_of(
+        "rename(staging/turn, commit/turn)",
+        fs::rename(mount.staged("turn"), mount.committed("turn")),
+    );
+    // The kernel itself refuses to replace a symlink with a directory.
+    assert!(
+        plain == libc::EEXIST || plain == libc::ENOTDIR,
+        "plain rename onto commit/turn: {}",
+        io::Error::from_raw_os_error(plain)
+    );
+    assert_same_tree(&second, &mount.staged("turn"));
+    assert_eq!(
+        mount.commit_target("turn"),
+        sha,
+        "commit/turn still names the first seal"
+    );
+    assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
+
+    // Under a fresh name it seals.
+    fs::rename(mount.staged("turn"), mount.committed("turn-b"))
+        .unwrap_or_else(|e| panic!("seal under another name: {e}\n{}", mount.log_excerpt()));
+    let sha_b = mount.commit_target("turn-b");
+    assert_ne!(sha_b, sha);
+    assert_same_tree(&second, &mount.join(&sha_b));
+}
+
+#[test]
+fn commit_only_takes_top_level_workspaces_of_staging() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-eperm-");
+    let mount = MountOptions::new(&store).start();
+    let tree = stage(&mount, work.path(), "outer", "nested");
+    assert_errno(
+        "rename(staging/outer/sub, commit/sub)",
+        fs::rename(mount.staged("outer/sub"), mount.committed("sub")),
+        libc::EPERM,
+    );
+    assert_same_tree(&tree, &mount.staged("outer"));
+    assert!(fs::symlink_metadata(mount.committed("sub")).is_err());
+
+    assert_errno(
+        "create commit/new.txt",
+        fs::File::create(mount.committed("new.txt")),
+        libc::EPERM,
+    );
+    assert_errno(
+        "mkdir commit/dir",
+        fs::create_dir(mount.committed("dir")),
+        libc::EPERM,
+    );
+    assert_errno(
+        "symlink in commit/",
+        std::os::unix::fs::symlink("../x", mount.committed("link")),
+        libc::EPERM,
+    );
+
+    let sha = seal(&mount, "outer");
+    assert_errno(
+        "unlink commit/outer",
+        fs::remove_file(mount.committed("outer")),
+        libc::EPERM,
+    );
+    assert_errno(
+        "rename commit/outer back into staging/",
+        fs::rename(mount.committed("outer"), mount.staged("back")),
+        libc::EPERM,
+    );
+    assert_errno(
+        "rename a checkpoint's directory into commit/",
+        fs::rename(
+            mount.join(format!("{sha}/sub")),
+            mount.committed("from-ckpt"),
+        ),
+        libc::EPERM,
+    );
+    assert_eq!(mount.commit_target("outer"), sha);
+    let names: Vec<_> = fs::read_dir(mount.join("commit"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["outer"], "commit/ holds only the seal");
+
+    // A plain file is not a workspace: refused, and left alone.
+    write_file(&mount.staged("loose.txt"), b"not a workspace\n", 0o644);
+    let result = fs::rename(mount.staged("loose.txt"), mount.committed("loose.txt"));
+    assert!(result.is_err(), "sealing a plain file succeeded");
+    assert_eq!(
+        fs::read(mount.staged("loose.txt")).unwrap(),
+        b"not a workspace\n"
+    );
+    assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
+}
+
+#[test]
+fn a_file_open_for_writing_makes_the_seal_fail_with_ebusy() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-ebusy-");
+    let mount = MountOptions::new(&store).start();
+    let tree = stage(&mount, work.path(), "turn", "busy");
+
+    let writer = OpenOptions::new()
+        .write(true)
+        .open(mount.staged("turn/sub/data.txt"))
+        .expect("open a staged file for writing");
+    assert_errno(
+        "seal while sub/data.txt is open for writing",
+        fs::rename(mount.staged("turn"), mount.committed("turn")),
+        libc::EBUSY,
+    );
+    assert!(fs::symlink_metadata(mount.committed("turn")).is_err());
+    assert_eq!(store.list_keys(), Vec::<String>::new());
+    assert!(
+        mount.status().contains("# seal turn: FAILED: "),
+        "{}",
+        mount.status()
+    );
+    // The writer still writes (the same bytes, so the tree stays as it was).
+    let data = fs::read(tree.join("sub/data.txt")).unwrap();
+    writer
+        .write_all_at(&data[..8], 0)
+        .expect("write through the held descriptor after the refusal");
+    drop(writer);
+    set_mtime(
+        &mount.staged("turn/sub/data.txt"),
+        fs::metadata(tree.join("sub/data.txt")).unwrap().mtime(),
+    );
+    assert_same_tree(&tree, &mount.staged("turn"));
+
+    // Files open for reading do not stop a seal.
+    let reader = fs::File::open(mount.staged("turn/note.txt")).expect("open for reading");
+    let sha = seal(&mount, "turn");
+    drop(reader);
+    assert_same_tree(&tree, &mount.join(&sha));
+}
+
+#[test]
+fn writes_inside_a_sealed_checkpoint_fail_with_erofs() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-erofs-");
+    let mount = MountOptions::new(&store).start();
+    let tree = stage(&mount, work.path(), "turn", "readonly");
+    let sha = seal(&mount, "turn");
+    let ckpt = mount.join(&sha);
+    let file = ckpt.join("note.txt");
+
+    type Attempt<'a> = (&'a str, Box<dyn Fn() -> io::Result<()> + 'a>);
+    let attempts: Vec<Attempt> = vec![
+        (
+            "create a file",
+            Box::new(|| fs::File::create(ckpt.join("new")).map(drop)),
+        ),
+        (
+            "create in a subdirectory",
+            Box::new(|| fs::File::create(ckpt.join("sub/new")).map(drop)),
+        ),
+        (
+            "open for writing",
+            Box::new(|| OpenOptions::new().write(true).open(&file).map(drop)),
+        ),
+        (
+            "open for appending",
+            Box::new(|| OpenOptions::new().append(true).open(&file).map(drop)),
+        ),
+        ("mkdir", Box::new(|| fs::create_dir(ckpt.join("dir")))),
+        ("unlink", Box::new(|| fs::remove_file(&file))),
+        ("rmdir", Box::new(|| fs::remove_dir(ckpt.join("sub")))),
+        (
+            "rename within",
+            Box::new(|| fs::rename(&file, ckpt.join("renamed"))),
+        ),
+        (
+            "rename into staging/",
+            Box::new(|| fs::rename(&file, mount.staged("stolen"))),
+        ),
+        (
+            "symlink",
+            Box::new(|| std::os::unix::fs::symlink("note.txt", ckpt.join("link"))),
+        ),
+        (
+            "hard link",
+            Box::new(|| fs::hard_link(&file, ckpt.join("hard"))),
+        ),
+        (
+            "chmod",
+            Box::new(|| fs::set_permissions(&file, fs::Permissions::from_mode(0o600))),
+        ),
+        (
+            "truncate",
+            Box::new(|| {
+                // SAFETY: the path is NUL-terminated.
+                let rc = unsafe { libc::truncate(c_path(&file).as_ptr(), 0) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }),
+        ),
+    ];
+    for (what, attempt) in &attempts {
+        assert_errno(what, attempt(), libc::EROFS);
+    }
+    assert_same_tree(&tree, &ckpt);
+    assert_eq!(mount.downloads(), 0, "{}", mount.status());
+}

@@ -1,0 +1,499 @@
+//! `staging/` behaves like a local POSIX directory: a randomized fsx-style run against
+//! an in-memory model, the usual edge cases, and the tools that build workspaces.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use super::harness::{CaptureMount, MountOptions, assert_errno, repo_temp_dir};
+use super::sh;
+use crate::util::tree::{assert_same_tree, make_sample_tree, random_bytes};
+use crate::util::{TestStore, run};
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+/// The result of a libc call returning 0 or -1, as an `io::Result`.
+fn libc_result(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// xorshift64*: a fixed seed gives the same run every time.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Reads up to `len` bytes at `offset`, stopping early only at end of file.
+fn read_at_most(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        let n = file.read_at(&mut buf[filled..], offset + filled as u64)?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+fn mount() -> (TestStore, CaptureMount) {
+    let store = TestStore::s3();
+    let mount = MountOptions::new(&store).start();
+    (store, mount)
+}
+
+#[test]
+fn fsx_random_io_on_a_staged_file_matches_a_model() {
+    const OPS: usize = 4000;
+    const MAX_LEN: u64 = 256 * 1024;
+    const MAX_IO: u64 = 16 * 1024;
+    let (_store, mount) = mount();
+    let dir = mount.staged("fsx");
+    fs::create_dir(&dir).expect("mkdir staging/fsx");
+    let path = dir.join("file");
+    let open = |truncate: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(truncate)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+    };
+
+    let mut rng = Rng(0x5eed_f5c0_ffee_1234);
+    let mut model: Vec<u8> = Vec::new();
+    let mut file: Option<File> = None;
+    // The last operations, shown when the model and the file disagree.
+    let mut history: Vec<String> = Vec::new();
+    let mut opens = 0;
+    for step in 0..OPS {
+        if history.len() > 30 {
+            history.remove(0);
+        }
+        let f = file.get_or_insert_with(|| {
+            opens += 1;
+            open(false)
+        });
+        let context =
+            |history: &[String]| format!("step {step}; last operations:\n{}", history.join("\n"));
+        match rng.below(100) {
+            0..=29 => {
+                let len = 1 + rng.below(MAX_IO);
+                let offset = rng.below((model.len() as u64 + MAX_IO).min(MAX_LEN - len));
+                let data = random_bytes(len as usize, rng.next());
+                history.push(format!("write {len} at {offset} (size {})", model.len()));
+                f.write_all_at(&data, offset)
+                    .unwrap_or_else(|e| panic!("write: {e}; {}", context(&history)));
+                let end = (offset + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[offset as usize..end].copy_from_slice(&data);
+            }
+            30..=39 if (model.len() as u64) < MAX_LEN => {
+                // One descriptor at a time: concurrent opens are checked on their own.
+                file = None;
+                let len = 1 + rng.below(MAX_IO.min(MAX_LEN - model.len() as u64));
+                let data = random_bytes(len as usize, rng.next());
+                history.push(format!("close; append {len} (size {})", model.len()));
+                let mut appender = OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap_or_else(|e| panic!("open O_APPEND: {e}; {}", context(&history)));
+                appender
+                    .write_all(&data)
+                    .unwrap_or_else(|e| panic!("append: {e}; {}", context(&history)));
+                model.extend_from_slice(&data);
+            }
+            40..=49 => {
+                let len = rng.below(MAX_LEN + 1);
+                history.push(format!("truncate to {len} (size {})", model.len()));
+                f.set_len(len)
+                    .unwrap_or_else(|e| panic!("truncate: {e}; {}", context(&history)));
+                model.resize(len as usize, 0);
+            }
+            50..=84 => {
+                let len = 1 + rng.below(MAX_IO);
+                let offset = rng.below(model.len() as u64 + MAX_IO);
+                history.push(format!("read {len} at {offset} (size {})", model.len()));
+                let got = read_at_most(f, offset, len as usize)
+                    .unwrap_or_else(|e| panic!("read: {e}; {}", context(&history)));
+                let start = (offset as usize).min(model.len());
+                let end = (offset + len).min(model.len() as u64) as usize;
+                let expected = &model[start..end];
+                assert!(
+                    got == expected,
+                    "read {len} at {offset} returned {} bytes that differ from the model's {}; {}",
+                    got.len(),
+                    expected.len(),
+                    context(&history)
+                );
+            }
+            85..=92 => {
+                history.push(format!("stat (size {})", model.len()));
+                let by_fd = f.metadata().expect("fstat").len();
+                let by_path = fs::metadata(&path).expect("stat").len();
+                assert_eq!(
+                    (by_fd, by_path),
+                    (model.len() as u64, model.len() as u64),
+                    "size by fd and by path; {}",
+                    context(&history)
+                );
+            }
+            93..=94 => {
+                history.push("reopen with O_TRUNC".into());
+                drop(file.take()); // one descriptor at a time
+                file = Some(open(true));
+                opens += 1;
+                model.clear();
+            }
+            _ => {
+                history.push("close".into());
+                file = None;
+            }
+        }
+    }
+    drop(file);
+    assert!(opens > 50, "the run should reopen the file often ({opens})");
+    let contents = fs::read(&path).expect("read the file back");
+    assert!(contents == model, "final contents differ from the model");
+    let backing = fs::read(mount.staging_dir().join("fsx/file")).expect("read the backing file");
+    assert!(backing == model, "the backing file differs from the model");
+}
+
+#[test]
+fn staging_behaves_like_a_local_directory() {
+    let (_store, mount) = mount();
+    let base = mount.staged("posix");
+    fs::create_dir(&base).expect("mkdir staging/posix");
+    let p = |rel: &str| base.join(rel);
+
+    // rename: a file over a file.
+    fs::write(p("a"), b"from a").unwrap();
+    fs::write(p("b"), b"from b").unwrap();
+    let b_before = fs::File::open(p("b")).unwrap();
+    fs::rename(p("a"), p("b")).expect("rename a file over a file");
+    assert_eq!(fs::read(p("b")).unwrap(), b"from a");
+    assert!(!p("a").exists());
+    let mut old = String::new();
+    (&b_before).read_to_string(&mut old).unwrap();
+    assert_eq!(old, "from b", "an open file keeps the replaced contents");
+
+    // rename: a directory into another directory, and over an empty directory.
+    fs::create_dir_all(p("d1/sub")).unwrap();
+    fs::write(p("d1/sub/file"), b"moved").unwrap();
+    fs::create_dir(p("d2")).unwrap();
+    fs::rename(p("d1/sub"), p("d2/sub")).expect("rename a dir into a dir");
+    assert_eq!(fs::read(p("d2/sub/file")).unwrap(), b"moved");
+    assert_eq!(fs::read_dir(p("d1")).unwrap().count(), 0);
+    fs::rename(p("d2/sub"), p("d1")).expect("rename a dir over an empty dir");
+    assert_eq!(fs::read(p("d1/file")).unwrap(), b"moved");
+    fs::create_dir(p("d3")).unwrap();
+    assert_errno(
+        "rename a dir over a non-empty dir",
+        fs::rename(p("d3"), p("d1")),
+        libc::ENOTEMPTY,
+    );
+    assert!(p("d3").is_dir() && p("d1/file").is_file());
+
+    // rmdir of a non-empty directory.
+    assert_errno(
+        "rmdir a non-empty dir",
+        fs::remove_dir(p("d1")),
+        libc::ENOTEMPTY,
+    );
+    fs::remove_dir(p("d3")).expect("rmdir an empty dir");
+
+    // Hard links: one inode, link counts follow.
+    fs::write(p("f"), b"linked").unwrap();
+    assert_eq!(fs::metadata(p("f")).unwrap().nlink(), 1);
+    fs::hard_link(p("f"), p("g")).expect("link");
+    let (f, g) = (fs::metadata(p("f")).unwrap(), fs::metadata(p("g")).unwrap());
+    assert_eq!((f.nlink(), g.nlink()), (2, 2));
+    assert_eq!(f.ino(), g.ino(), "hard links share an inode");
+    fs::write(p("g"), b"changed through g").unwrap();
+    assert_eq!(fs::read(p("f")).unwrap(), b"changed through g");
+    fs::create_dir(p("other")).unwrap();
+    fs::hard_link(p("f"), p("other/h")).expect("link into another dir");
+    assert_eq!(fs::metadata(p("f")).unwrap().nlink(), 3);
+    fs::remove_file(p("g")).unwrap();
+    fs::remove_file(p("other/h")).unwrap();
+    assert_eq!(fs::metadata(p("f")).unwrap().nlink(), 1);
+
+    // chmod and utimens show in stat.
+    fs::set_permissions(p("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(p("f")).unwrap().mode() & 0o7777, 0o640);
+    fs::set_permissions(p("other"), fs::Permissions::from_mode(0o710)).unwrap();
+    assert_eq!(fs::metadata(p("other")).unwrap().mode() & 0o7777, 0o710);
+    let times = [
+        libc::timespec {
+            tv_sec: 1_600_000_000,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 1_500_000_000,
+            tv_nsec: 250_000_000,
+        },
+    ];
+    // SAFETY: the path is NUL-terminated and `times` holds two timespecs.
+    libc_result(unsafe {
+        libc::utimensat(libc::AT_FDCWD, c_path(&p("f")).as_ptr(), times.as_ptr(), 0)
+    })
+    .expect("utimensat");
+    let md = fs::metadata(p("f")).unwrap();
+    assert_eq!(
+        (md.mtime(), md.mtime_nsec()),
+        (1_500_000_000, 250_000_000),
+        "mtime"
+    );
+    // Checked before anything reads `f`: like the local disk behind staging (relatime),
+    // a later read may move an atime this old to now.
+    assert_eq!(
+        md.atime(),
+        1_600_000_000,
+        "utimensat's atime does not show in stat"
+    );
+
+    // Symlinks.
+    std::os::unix::fs::symlink("f", p("to-f")).unwrap();
+    std::os::unix::fs::symlink("no/such/target", p("dangling")).unwrap();
+    assert_eq!(fs::read_link(p("to-f")).unwrap(), Path::new("f"));
+    assert_eq!(
+        fs::read_link(p("dangling")).unwrap(),
+        Path::new("no/such/target")
+    );
+    assert!(
+        fs::symlink_metadata(p("dangling"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(fs::read(p("to-f")).unwrap(), b"changed through g");
+
+    // An unlinked file stays readable (and writable) through an open descriptor.
+    fs::write(p("doomed"), b"still here").unwrap();
+    let mut open = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p("doomed"))
+        .unwrap();
+    fs::remove_file(p("doomed")).unwrap();
+    assert!(fs::symlink_metadata(p("doomed")).is_err());
+    let mut text = String::new();
+    open.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "still here");
+    open.write_all(b", and more").unwrap();
+    open.seek(SeekFrom::Start(0)).unwrap();
+    text.clear();
+    open.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "still here, and more");
+    assert_eq!(open.metadata().unwrap().nlink(), 0);
+    drop(open);
+
+    // O_EXCL.
+    assert_errno(
+        "O_CREAT|O_EXCL of an existing file",
+        OpenOptions::new().write(true).create_new(true).open(p("f")),
+        libc::EEXIST,
+    );
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(p("fresh"))
+        .expect("O_CREAT|O_EXCL of a new name");
+
+    // mkdir -p, deep.
+    let deep: Vec<String> = (0..40).map(|i| format!("level{i}")).collect();
+    let deep = deep.join("/");
+    let out = sh(r#"cd "$1" && mkdir -p "$2""#, &[&base, Path::new(&deep)]);
+    assert!(out.status.success(), "{out}");
+    fs::write(base.join(&deep).join("bottom.txt"), b"deep").unwrap();
+    assert_eq!(
+        fs::read(base.join(&deep).join("bottom.txt")).unwrap(),
+        b"deep"
+    );
+
+    // Write a temporary file, then rename it over the target (how git and editors save).
+    fs::write(p("config"), b"version 0").unwrap();
+    for i in 1..=20 {
+        let mut tmp = File::create(p("config.lock")).unwrap();
+        tmp.write_all(format!("version {i}").as_bytes()).unwrap();
+        tmp.sync_all().unwrap();
+        drop(tmp);
+        fs::rename(p("config.lock"), p("config")).unwrap();
+        assert_eq!(
+            fs::read_to_string(p("config")).unwrap(),
+            format!("version {i}")
+        );
+    }
+    assert!(!p("config.lock").exists());
+
+    // Device files and FIFOs are refused; extended attributes are "not supported".
+    // SAFETY: the path is NUL-terminated.
+    let fifo = libc_result(unsafe { libc::mkfifo(c_path(&p("fifo")).as_ptr(), 0o644) });
+    assert_errno("mkfifo", fifo, libc::EPERM);
+    let (name, value) = (c"user.test", b"v");
+    // SAFETY: the path and name are NUL-terminated; value points to value.len() bytes.
+    let set = libc_result(unsafe {
+        libc::setxattr(
+            c_path(&p("f")).as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    });
+    assert_errno("setxattr", set, libc::ENOTSUP);
+}
+
+#[test]
+fn a_file_can_be_open_several_times_at_once() {
+    let (_store, mount) = mount();
+    fs::create_dir(mount.staged("shared")).expect("mkdir staging/shared");
+    let path = &mount.staged("shared/file");
+    // Two readers, a writer and an appender at once, as editors, build tools and git do.
+    fs::write(path, b"0123456789").unwrap();
+    let first = File::open(path).expect("open a staged file");
+    let second = File::open(path).expect("open a staged file a second time for reading");
+    let writer = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open a staged file for writing while it is open for reading");
+    let mut appender = OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("open a staged file for appending while it is open");
+    writer.write_all_at(b"ab", 0).unwrap();
+    appender.write_all(b"xyz").unwrap();
+    for reader in [&first, &second] {
+        assert_eq!(read_at_most(reader, 0, 64).unwrap(), b"ab23456789xyz");
+    }
+    drop((first, second, writer, appender));
+    assert_eq!(fs::read(path).unwrap(), b"ab23456789xyz");
+
+    // The same in the sealed checkpoint, for a file large enough to be kept on its own
+    // in the cache.
+    let big = random_bytes(256 * 1024, 71);
+    fs::write(mount.staged("shared/big.bin"), &big).unwrap();
+    fs::rename(mount.staged("shared"), mount.committed("shared"))
+        .unwrap_or_else(|e| panic!("seal: {e}\n{}", mount.log_excerpt()));
+    let sealed = mount.join(mount.commit_target("shared")).join("big.bin");
+    let first = File::open(&sealed).expect("open a checkpoint's file");
+    let second = File::open(&sealed).expect("open a checkpoint's file a second time");
+    for reader in [&first, &second] {
+        assert!(read_at_most(reader, 0, big.len()).unwrap() == big);
+    }
+}
+
+#[test]
+fn tar_and_rsync_fill_staging() {
+    let (_store, mount) = mount();
+    let work = repo_temp_dir("capture-tools-");
+    let src = work.path().join("src");
+    make_sample_tree(&src);
+
+    // tar -x into staging, then seal what it made.
+    let archive = work.path().join("src.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src)
+        .arg("."))
+    .success();
+    let untarred = mount.staged("untarred");
+    fs::create_dir(&untarred).unwrap();
+    run(Command::new("tar")
+        .arg("-xpf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&untarred))
+    .success();
+    assert_same_tree(&src, &untarred);
+    fs::rename(&untarred, mount.committed("untarred"))
+        .unwrap_or_else(|e| panic!("seal the untarred tree: {e}\n{}", mount.log_excerpt()));
+    let sha = mount.commit_target("untarred");
+    assert_same_tree(&src, &mount.join(&sha));
+
+    // rsync -a, when installed (not installed on purpose by the tests).
+    if Command::new("rsync").arg("--version").output().is_ok() {
+        let synced = mount.staged("synced");
+        run(Command::new("rsync")
+            .arg("-aH")
+            .arg(format!("{}/", src.display()))
+            .arg(&synced))
+        .success();
+        assert_same_tree(&src, &synced);
+    } else {
+        println!("note: rsync is not installed; skipping the rsync -a sub-case");
+    }
+}
+
+#[test]
+fn git_works_in_staging() {
+    if Command::new("git").arg("--version").output().is_err() {
+        println!("note: git is not installed; skipping git_works_in_staging");
+        return;
+    }
+    // Lock files renamed over their targets, object files written once, fsync, packs.
+    let (_store, mount) = mount();
+    let repo = mount.staged("repo");
+    fs::create_dir(&repo).unwrap();
+    let git = |dir: &Path, args: &[&str]| {
+        run(Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args([
+                "-c",
+                "user.name=ckptfs",
+                "-c",
+                "user.email=ckptfs@example.com",
+            ])
+            .args(["-c", "init.defaultBranch=main", "-c", "core.fsync=all"])
+            .args(args))
+    };
+    git(&repo, &["init", "-q"]).success();
+    fs::write(repo.join("hello.py"), b"print('hello')\n").unwrap();
+    fs::create_dir(repo.join("src")).unwrap();
+    fs::write(repo.join("src/lib.rs"), b"pub fn f() {}\n").unwrap();
+    git(&repo, &["add", "-A"]).success();
+    git(&repo, &["commit", "-q", "-m", "first"]).success();
+    fs::write(repo.join("hello.py"), b"print('hello again')\n").unwrap();
+    git(&repo, &["commit", "-q", "-a", "-m", "second"]).success();
+    git(&repo, &["gc", "-q"]).success();
+    let status = git(&repo, &["status", "--porcelain"]).success();
+    assert_eq!(status.stdout, "", "{status}");
+    git(&repo, &["fsck", "--strict"]).success();
+
+    // Sealed, the repository reads the same from the checkpoint.
+    fs::rename(&repo, mount.committed("repo"))
+        .unwrap_or_else(|e| panic!("seal the repository: {e}\n{}", mount.log_excerpt()));
+    let sealed = mount.join(mount.commit_target("repo"));
+    let log = git(&sealed, &["--no-optional-locks", "log", "--format=%s"]).success();
+    assert_eq!(log.lines(), ["second", "first"], "{log}");
+    git(&sealed, &["--no-optional-locks", "fsck", "--strict"]).success();
+}
