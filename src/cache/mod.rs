@@ -76,25 +76,28 @@ pub struct VerifiedCheckpoint {
 impl VerifiedCheckpoint {
     /// Reads `len` bytes at `offset` of a packed file starting at `start` in the pack.
     pub fn read_packed(&self, start: u64, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        let mut filled = 0;
-        while filled < len {
-            let n = self
-                .pack
-                .read_at(&mut buf[filled..], start + offset + filled as u64)?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        buf.truncate(filled);
-        Ok(buf)
+        read_at(&self.pack, start + offset, len)
     }
 
     /// Opens the own file of `node` read-only.
     pub fn open_own(&self, node: u32) -> io::Result<File> {
         File::open(index::own_file_path(&self.dir, node))
     }
+}
+
+/// Reads up to `len` bytes of `file` at `offset`: fewer only at the end of the file.
+pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        let n = file.read_at(&mut buf[filled..], offset + filled as u64)?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 pub struct Cache {

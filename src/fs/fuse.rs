@@ -171,11 +171,7 @@ fn file_attr(attr: &Attr) -> FileAttr {
         mtime: attr.mtime,
         ctime: attr.ctime,
         crtime: attr.mtime,
-        kind: match attr.kind {
-            FileKind::Directory => FileType::Directory,
-            FileKind::File => FileType::RegularFile,
-            FileKind::Symlink => FileType::Symlink,
-        },
+        kind: file_type(attr.kind),
         perm: attr.perm,
         nlink: attr.nlink,
         uid: attr.uid,
@@ -183,6 +179,14 @@ fn file_attr(attr: &Attr) -> FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Directory => FileType::Directory,
+        FileKind::File => FileType::RegularFile,
+        FileKind::Symlink => FileType::Symlink,
     }
 }
 
@@ -288,11 +292,7 @@ impl Filesystem for FuseAdapter {
     ) {
         self.dispatch(ino.0, false, move |fs| {
             let result = fs.readdir(ino.0, fh.0, offset, &mut |entry, next| {
-                let kind = match entry.kind {
-                    FileKind::Directory => FileType::Directory,
-                    FileKind::File => FileType::RegularFile,
-                    FileKind::Symlink => FileType::Symlink,
-                };
+                let kind = file_type(entry.kind);
                 reply.add(
                     INodeNo(entry.ino),
                     next,

@@ -22,7 +22,6 @@ pub mod staging;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -126,6 +125,22 @@ struct State {
     listed_at: Option<SystemTime>,
 }
 
+impl State {
+    /// The slot of checkpoint `info`, created (unlisted, unloaded) if it is new.
+    fn slot_for(&mut self, info: &CheckpointInfo) -> usize {
+        if let Some(&slot) = self.by_id.get(&info.id) {
+            return slot;
+        }
+        self.slots.push(Slot {
+            info: info.clone(),
+            listed: false,
+            load: Load::Unloaded,
+        });
+        self.by_id.insert(info.id.clone(), self.slots.len() - 1);
+        self.slots.len() - 1
+    }
+}
+
 enum Handle {
     /// The checkpoint is held so that it is not evicted while open.
     Own {
@@ -220,19 +235,7 @@ impl CheckpointFs {
                 }
                 let mut order = Vec::with_capacity(checkpoints.len());
                 for info in checkpoints {
-                    let index = match state.by_id.get(&info.id) {
-                        Some(&index) => index,
-                        None => {
-                            state.slots.push(Slot {
-                                info: info.clone(),
-                                listed: false,
-                                load: Load::Unloaded,
-                            });
-                            let index = state.slots.len() - 1;
-                            state.by_id.insert(info.id.clone(), index);
-                            index
-                        }
-                    };
+                    let index = state.slot_for(&info);
                     let slot = &mut state.slots[index];
                     slot.info = info;
                     slot.listed = true;
@@ -297,19 +300,7 @@ impl CheckpointFs {
     /// when they are at hand.
     fn add_checkpoint(&self, info: CheckpointInfo, verified: Option<Arc<VerifiedCheckpoint>>) {
         let mut state = self.lock();
-        let slot = match state.by_id.get(&info.id) {
-            Some(&slot) => slot,
-            None => {
-                state.slots.push(Slot {
-                    info: info.clone(),
-                    listed: false,
-                    load: Load::Unloaded,
-                });
-                let slot = state.slots.len() - 1;
-                state.by_id.insert(info.id.clone(), slot);
-                slot
-            }
-        };
+        let slot = state.slot_for(&info);
         if !state.slots[slot].listed {
             state.slots[slot].listed = true;
             state.order.push(slot);
@@ -811,19 +802,7 @@ impl CheckpointFs {
         let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
         match handle.as_deref().ok_or(FsError::BadHandle)? {
             Handle::Own { file, .. } => {
-                let mut buf = vec![0u8; size as usize];
-                let mut filled = 0;
-                while filled < buf.len() {
-                    let n = file
-                        .read_at(&mut buf[filled..], offset + filled as u64)
-                        .map_err(FsError::Io)?;
-                    if n == 0 {
-                        break;
-                    }
-                    filled += n;
-                }
-                buf.truncate(filled);
-                Ok(buf)
+                crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
             }
             Handle::Packed {
                 checkpoint,

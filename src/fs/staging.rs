@@ -404,6 +404,26 @@ impl StagingTree {
         .map_err(os)
     }
 
+    /// Keeps `file` as a new handle; returns it with a second descriptor of the file,
+    /// for use as a passthrough backing file.
+    fn register_file(
+        &self,
+        handles: &mut HashMap<u64, Arc<Handle>>,
+        file: File,
+        ino: u64,
+        writable: bool,
+    ) -> Result<(u64, File), FsError> {
+        let backing = file.try_clone().map_err(FsError::Os)?;
+        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let handle = Handle::File {
+            file,
+            ino,
+            writable,
+        };
+        handles.insert(fh, Arc::new(handle));
+        Ok((fh, backing))
+    }
+
     fn new_handle(&self, handle: Handle) -> u64 {
         let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles
@@ -433,16 +453,7 @@ impl StagingTree {
         )
         .map_err(os)?
         .into();
-        let backing = file.try_clone().map_err(FsError::Os)?;
-        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        handles.insert(
-            fh,
-            Arc::new(Handle::File {
-                file,
-                ino,
-                writable,
-            }),
-        );
+        let (fh, backing) = self.register_file(&mut handles, file, ino, writable)?;
         Ok((fh, backing))
     }
 
@@ -473,16 +484,7 @@ impl StagingTree {
         .into();
         self.give_to(&parent_fd, os_name, caller);
         let attr = self.lookup(parent, name)?;
-        let backing = file.try_clone().map_err(FsError::Os)?;
-        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        handles.insert(
-            fh,
-            Arc::new(Handle::File {
-                file,
-                ino: attr.ino,
-                writable: true,
-            }),
-        );
+        let (fh, backing) = self.register_file(&mut handles, file, attr.ino, true)?;
         Ok((attr, fh, backing))
     }
 
@@ -495,19 +497,7 @@ impl StagingTree {
         let Some(Handle::File { file, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = file
-                .read_at(&mut buf[filled..], offset + filled as u64)
-                .map_err(FsError::Os)?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        buf.truncate(filled);
-        Ok(buf)
+        crate::cache::read_at(file, offset, size as usize).map_err(FsError::Os)
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
