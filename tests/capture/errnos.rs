@@ -2,26 +2,21 @@
 //! EPERM for anything in `commit/` but a top-level `mv staging/NAME commit/`, EBUSY
 //! while a file of the workspace is open for writing, EROFS inside a checkpoint.
 
-use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use super::harness::{CaptureMount, MountOptions, assert_errno, errno_of, repo_temp_dir};
 use super::{cp_a, sh};
 use crate::util::TestStore;
+use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
+use crate::util::sys::{assert_errno, c_path, errno_of, libc_result};
 use crate::util::tree::{assert_same_tree, make_small_tree, set_mtime, write_file};
-
-fn c_path(path: &Path) -> CString {
-    CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
-}
 
 /// `renameat2(from, to, RENAME_NOREPLACE)`, as `mv` does it.
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     // SAFETY: both paths are NUL-terminated strings that outlive the call.
-    let rc = unsafe {
+    libc_result(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
             c_path(from).as_ptr(),
@@ -29,16 +24,11 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
             c_path(to).as_ptr(),
             libc::RENAME_NOREPLACE,
         )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    })
 }
 
 /// Stages a copy of a small tree tagged `tag` as `staging/NAME`; returns the tree.
-fn stage(mount: &CaptureMount, work: &Path, name: &str, tag: &str) -> std::path::PathBuf {
+fn stage(mount: &MountedStore, work: &Path, name: &str, tag: &str) -> std::path::PathBuf {
     let tree = work.join(tag);
     make_small_tree(&tree, tag);
     cp_a(&tree, &mount.staged(name));
@@ -47,7 +37,7 @@ fn stage(mount: &CaptureMount, work: &Path, name: &str, tag: &str) -> std::path:
 
 /// Seals `staging/NAME` with a rename and returns its checkpoint's sha256.
 #[track_caller]
-fn seal(mount: &CaptureMount, name: &str) -> String {
+fn seal(mount: &MountedStore, name: &str) -> String {
     fs::rename(mount.staged(name), mount.committed(name))
         .unwrap_or_else(|e| panic!("seal {name}: {e}\n{}", mount.log_excerpt()));
     mount.commit_target(name)
@@ -57,7 +47,7 @@ fn seal(mount: &CaptureMount, name: &str) -> String {
 fn committing_onto_an_existing_name_fails_with_eexist() {
     let store = TestStore::s3();
     let work = repo_temp_dir("capture-eexist-");
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     stage(&mount, work.path(), "turn", "first");
     let sha = seal(&mount, "turn");
 
@@ -103,7 +93,7 @@ fn committing_onto_an_existing_name_fails_with_eexist() {
 fn commit_only_takes_top_level_workspaces_of_staging() {
     let store = TestStore::s3();
     let work = repo_temp_dir("capture-eperm-");
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     let tree = stage(&mount, work.path(), "outer", "nested");
     assert_errno(
         "rename(staging/outer/sub, commit/sub)",
@@ -170,7 +160,7 @@ fn commit_only_takes_top_level_workspaces_of_staging() {
 fn a_file_open_for_writing_makes_the_seal_fail_with_ebusy() {
     let store = TestStore::s3();
     let work = repo_temp_dir("capture-ebusy-");
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     let tree = stage(&mount, work.path(), "turn", "busy");
 
     let writer = OpenOptions::new()
@@ -185,9 +175,9 @@ fn a_file_open_for_writing_makes_the_seal_fail_with_ebusy() {
     assert!(fs::symlink_metadata(mount.committed("turn")).is_err());
     assert_eq!(store.list_keys(), Vec::<String>::new());
     assert!(
-        mount.status().contains("# seal turn: FAILED: "),
+        mount.status_text().contains("# seal turn: FAILED: "),
         "{}",
-        mount.status()
+        mount.status_text()
     );
     // The writer still writes (the same bytes, so the tree stays as it was).
     let data = fs::read(tree.join("sub/data.txt")).unwrap();
@@ -212,7 +202,7 @@ fn a_file_open_for_writing_makes_the_seal_fail_with_ebusy() {
 fn writes_inside_a_sealed_checkpoint_fail_with_erofs() {
     let store = TestStore::s3();
     let work = repo_temp_dir("capture-erofs-");
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     let tree = stage(&mount, work.path(), "turn", "readonly");
     let sha = seal(&mount, "turn");
     let ckpt = mount.join(&sha);
@@ -263,12 +253,7 @@ fn writes_inside_a_sealed_checkpoint_fail_with_erofs() {
             "truncate",
             Box::new(|| {
                 // SAFETY: the path is NUL-terminated.
-                let rc = unsafe { libc::truncate(c_path(&file).as_ptr(), 0) };
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
+                libc_result(unsafe { libc::truncate(c_path(&file).as_ptr(), 0) })
             }),
         ),
     ];
@@ -276,5 +261,5 @@ fn writes_inside_a_sealed_checkpoint_fail_with_erofs() {
         assert_errno(what, attempt(), libc::EROFS);
     }
     assert_same_tree(&tree, &ckpt);
-    assert_eq!(mount.downloads(), 0, "{}", mount.status());
+    assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
 }

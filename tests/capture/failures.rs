@@ -6,8 +6,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::cp_a;
-use super::harness::{CaptureMount, MountOptions, assert_errno, repo_temp_dir};
+use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::proxy::CuttingProxy;
+use crate::util::sys::assert_errno;
 use crate::util::tree::{assert_same_tree, make_random_tree, make_small_tree, write_file};
 use crate::util::{ObjectMeta, TestStore, ckptfs, parse_verify_output, run, s3_endpoint};
 
@@ -15,7 +16,7 @@ use crate::util::{ObjectMeta, TestStore, ckptfs, parse_verify_output, run, s3_en
 /// `commit/`, an empty bucket, and the failure in `.status`.
 #[track_caller]
 fn assert_nothing_sealed(
-    mount: &CaptureMount,
+    mount: &MountedStore,
     store: &TestStore,
     name: &str,
     tree: &std::path::Path,
@@ -35,7 +36,7 @@ fn assert_nothing_sealed(
         Vec::<String>::new(),
         "multipart uploads left behind"
     );
-    let status = mount.status();
+    let status = mount.status_text();
     assert!(
         status.contains(&format!("# seal {name}: FAILED: ")),
         "the failure is not in .status:\n{status}"
@@ -61,8 +62,9 @@ fn a_workspace_over_the_archive_limit_fails_with_efbig() {
     let work = repo_temp_dir("capture-efbig-");
     let tree = work.path().join("tree");
     make_random_tree(&tree, 3 * 1024 * 1024, 31);
-    let mount = MountOptions::new(&store)
-        .args(&["--max-archive-size", "1MiB"])
+    let mount = Mount::new(&store)
+        .staging()
+        .max_archive_size("1MiB")
         .start();
     cp_a(&tree, &mount.staged("big"));
 
@@ -96,9 +98,10 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
     make_random_tree(&tree, 15 * 1024 * 1024, 41);
     // Declared before the mount, so that it outlives the daemon that talks through it.
     let proxy = CuttingProxy::start(&s3_endpoint(), 1024 * 1024);
-    let mount = MountOptions::new(&store)
+    let mount = Mount::new(&store)
+        .staging()
         .endpoint(&proxy.endpoint())
-        .args(&["--part-size", "5MiB"])
+        .part_size("5MiB")
         .start();
     cp_a(&tree, &mount.staged("turn"));
 
@@ -112,7 +115,7 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
         let sealer = s.spawn(seal);
         let mut tried = false;
         while !sealer.is_finished() {
-            if !tried && mount.status().contains("# seal in progress: turn\n") {
+            if !tried && mount.status_text().contains("# seal in progress: turn\n") {
                 let writer = OpenOptions::new()
                     .write(true)
                     .open(mount.staged("turn/README"));
@@ -120,7 +123,7 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
                     .append(true)
                     .open(mount.staged("other/notes.txt"))
                     .and_then(|mut f| f.write_all(b"written during a seal\n"));
-                if mount.status().contains("# seal in progress: turn\n") {
+                if mount.status_text().contains("# seal in progress: turn\n") {
                     tried = true;
                     assert_errno(
                         "opening a file of a workspace being sealed for writing",
@@ -176,8 +179,8 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
     let out = run(ckptfs().arg("verify").arg(store.url())).success();
     assert_eq!(parse_verify_output(&out)[&sha], "ok", "{out}");
     assert_same_tree(&tree, &mount.join(&sha));
-    assert_eq!(mount.downloads(), 0, "{}", mount.status());
-    let status = mount.status();
+    assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
+    let status = mount.status_text();
     assert!(
         status.contains(&format!("# seal turn: sealed as {sha}\n")),
         "{status}"

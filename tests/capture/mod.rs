@@ -14,12 +14,11 @@
 //! - [`errnos`]: what refused operations answer (EEXIST, EPERM, EBUSY, EROFS).
 //!
 //! Every test has its own bucket, cache, staging dir and mount point under
-//! `.tmp/tests/`, and unmounts on drop. Needs root (or fuse access), `fusermount3` and
+//! `.tmp/tests/` (see [`crate::util::mount`]), and unmounts on drop. Needs root (or fuse access), `fusermount3` and
 //! GNU tools.
 
 mod errnos;
 mod failures;
-mod harness;
 mod posix;
 mod seal;
 

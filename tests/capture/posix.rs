@@ -1,31 +1,17 @@
 //! `staging/` behaves like a local POSIX directory: a randomized fsx-style run against
 //! an in-memory model, the usual edge cases, and the tools that build workspaces.
 
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-use super::harness::{CaptureMount, MountOptions, assert_errno, repo_temp_dir};
 use super::sh;
+use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
+use crate::util::sys::{assert_errno, c_path, libc_result};
 use crate::util::tree::{assert_same_tree, make_sample_tree, random_bytes};
 use crate::util::{TestStore, run};
-
-fn c_path(path: &Path) -> CString {
-    CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
-}
-
-/// The result of a libc call returning 0 or -1, as an `io::Result`.
-fn libc_result(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
 
 /// xorshift64*: a fixed seed gives the same run every time.
 struct Rng(u64);
@@ -59,9 +45,9 @@ fn read_at_most(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn mount() -> (TestStore, CaptureMount) {
+fn mount() -> (TestStore, MountedStore) {
     let store = TestStore::s3();
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     (store, mount)
 }
 

@@ -8,8 +8,8 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::harness::{CaptureMount, MountOptions, repo_temp_dir};
 use super::{cp_a, make_workspace, sh, tar_xzf};
+use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::tree::{assert_same_tree, fix_mtimes, make_random_tree, make_small_tree};
 use crate::util::{
     ObjectMeta, TestStore, ckptfs, is_sha256_hex, parse_put_output, parse_verify_output, run,
@@ -18,7 +18,7 @@ use crate::util::{
 
 /// Asserts that `staging/NAME` is gone, on the mount and on the backing disk.
 #[track_caller]
-fn assert_unstaged(mount: &CaptureMount, name: &str) {
+fn assert_unstaged(mount: &MountedStore, name: &str) {
     let staged = mount.staged(name);
     assert!(
         fs::symlink_metadata(&staged).is_err(),
@@ -36,7 +36,7 @@ fn a_workspace_sealed_with_mv_is_what_put_stores() {
     let work = repo_temp_dir("capture-seal-");
     let tree = work.path().join("tree");
     make_workspace(&tree);
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
 
     cp_a(&tree, &mount.staged("turn-1"));
     assert_same_tree(&tree, &mount.staged("turn-1"));
@@ -93,7 +93,7 @@ fn a_workspace_sealed_with_mv_is_what_put_stores() {
         .arg(&tree)
         .arg(mount.join(&sha)));
     assert!(diff.status.success(), "{diff}");
-    let status = mount.status();
+    let status = mount.status_text();
     assert!(
         status.contains(&format!("# seal turn-1: sealed as {sha}\n")),
         "{status}"
@@ -137,7 +137,7 @@ fn a_workspace_sealed_with_mv_is_what_put_stores() {
     assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
 
     assert_same_tree(&tree, &mount.join(&sha));
-    assert_eq!(mount.downloads(), 0, "{}", mount.status());
+    assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
 }
 
 #[test]
@@ -149,12 +149,8 @@ fn two_replicas_sealing_the_same_tree_at_once_leave_one_object() {
     make_random_tree(&tree, 7 * 1024 * 1024, 21);
     make_small_tree(&tree.join("notes"), "replicas");
     fix_mtimes(&tree);
-    let mounts: Vec<CaptureMount> = (0..2)
-        .map(|_| {
-            MountOptions::new(&store)
-                .args(&["--part-size", "5MiB"])
-                .start()
-        })
+    let mounts: Vec<MountedStore> = (0..2)
+        .map(|_| Mount::new(&store).staging().part_size("5MiB").start())
         .collect();
     for mount in &mounts {
         cp_a(&tree, &mount.staged("turn"));
@@ -201,7 +197,7 @@ fn two_replicas_sealing_the_same_tree_at_once_leave_one_object() {
     for mount in &mounts {
         assert_unstaged(mount, "turn");
         assert_same_tree(&tree, &mount.join(sha));
-        assert_eq!(mount.downloads(), 0, "{}", mount.status());
+        assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
     }
 }
 
@@ -211,7 +207,7 @@ fn resealing_the_same_tree_keeps_its_checkpoint_readable() {
     let work = repo_temp_dir("capture-reseal-");
     let tree = work.path().join("tree");
     make_random_tree(&tree, 8 * 1024 * 1024, 51);
-    let mount = MountOptions::new(&store).start();
+    let mount = Mount::new(&store).staging().start();
     cp_a(&tree, &mount.staged("turn-0"));
     fs::rename(mount.staged("turn-0"), mount.committed("turn-0"))
         .unwrap_or_else(|e| panic!("first seal: {e}\n{}", mount.log_excerpt()));

@@ -5,8 +5,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::harness::{Mount, MountedStore, repo_temp_dir};
 use crate::util::TestStore;
+use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::tree::{assert_same_tree, make_random_tree, make_sample_tree, random_bytes};
 
 /// Every regular file under `dir`, recursively, with its size.

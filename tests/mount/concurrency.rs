@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::time::Duration;
 
 use super::gate::{GatedProxy, OpenOnDrop};
-use super::harness::{MOUNT_TIMEOUT, Mount, repo_temp_dir};
+use crate::util::mount::{MOUNT_TIMEOUT, Mount, repo_temp_dir};
 use crate::util::tree::{make_dir, make_random_tree, make_small_tree, random_bytes, write_file};
 use crate::util::{TestStore, s3_endpoint};
 

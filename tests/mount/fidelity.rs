@@ -7,8 +7,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::harness::{Mount, repo_temp_dir};
 use crate::util::archive::{RawEntry, raw_tar_gz};
+use crate::util::mount::{Mount, repo_temp_dir};
 use crate::util::tree::{
     BASE_MTIME, diff_trees, fix_mtimes, list_paths, make_dir, make_sample_tree, random_bytes,
     write_file,

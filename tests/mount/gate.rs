@@ -8,11 +8,11 @@
 //! `hold_after` bytes, then stalls until [`GatedProxy::open`]. Everything else passes.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::util::proxy::{Connection, Proxy};
 
 struct Shared {
     pattern: Vec<u8>,
@@ -23,29 +23,18 @@ struct Shared {
     held: AtomicUsize,
     /// `GET`s of the pattern seen.
     gets: AtomicUsize,
-    stop: AtomicBool,
 }
 
 /// A running proxy on 127.0.0.1; the gate opens and the proxy stops when dropped.
 pub struct GatedProxy {
-    addr: SocketAddr,
+    proxy: Proxy,
     shared: Arc<Shared>,
-    accept_thread: Option<JoinHandle<()>>,
 }
 
 impl GatedProxy {
     /// Proxies to `upstream_url` (`http://host:port`), holding responses to `GET`s whose
     /// request line contains `pattern` after `hold_after` bytes.
     pub fn start(upstream_url: &str, pattern: &str, hold_after: u64) -> Self {
-        let upstream = upstream_url
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_socket_addrs()
-            .expect("resolve upstream")
-            .next()
-            .expect("upstream address");
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
             pattern: pattern.as_bytes().to_vec(),
             hold_after,
@@ -53,29 +42,17 @@ impl GatedProxy {
             opened: Condvar::new(),
             held: AtomicUsize::new(0),
             gets: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
         });
-        let accept_shared = Arc::clone(&shared);
-        let accept_thread = std::thread::spawn(move || {
-            for client in listener.incoming() {
-                if accept_shared.stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(client) = client else { continue };
-                let shared = Arc::clone(&accept_shared);
-                std::thread::spawn(move || serve(client, upstream, shared));
-            }
+        let serve_shared = Arc::clone(&shared);
+        let proxy = Proxy::start(upstream_url, move |connection| {
+            serve(connection, Arc::clone(&serve_shared))
         });
-        GatedProxy {
-            addr,
-            shared,
-            accept_thread: Some(accept_thread),
-        }
+        GatedProxy { proxy, shared }
     }
 
     /// `http://127.0.0.1:PORT` of the proxy.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        self.proxy.endpoint()
     }
 
     /// Waits until a response is stalled at the gate; false after `timeout`.
@@ -109,90 +86,65 @@ impl GatedProxy {
 
 impl Drop for GatedProxy {
     fn drop(&mut self) {
+        // Then the proxy stops, as it is dropped.
         self.open();
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so that it sees the flag.
-        let _ = TcpStream::connect(self.addr);
-        if let Some(thread) = self.accept_thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
-fn serve(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) {
-    let Ok(server) = TcpStream::connect(upstream) else {
-        return;
-    };
-    let (Ok(mut client_read), Ok(mut server_write)) = (client.try_clone(), server.try_clone())
-    else {
-        return;
-    };
-    let (mut server_read, mut client_write) = (server, client);
+fn serve(connection: Connection, shared: Arc<Shared>) {
     let armed = Arc::new(AtomicBool::new(false));
     let down_armed = Arc::clone(&armed);
     let down_shared = Arc::clone(&shared);
-    let downstream = std::thread::spawn(move || {
-        let mut sent_armed: u64 = 0;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match server_read.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let mut chunk = &buf[..n];
-            if down_armed.load(Ordering::SeqCst) && !*down_shared.open.lock().unwrap() {
-                let room = down_shared.hold_after.saturating_sub(sent_armed) as usize;
-                if chunk.len() > room {
-                    if client_write.write_all(&chunk[..room]).is_err() {
-                        break;
+    connection.relay(
+        move |server_read, client_write| {
+            let mut sent_armed: u64 = 0;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match server_read.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let mut chunk = &buf[..n];
+                if down_armed.load(Ordering::SeqCst) && !*down_shared.open.lock().unwrap() {
+                    let room = down_shared.hold_after.saturating_sub(sent_armed) as usize;
+                    if chunk.len() > room {
+                        if client_write.write_all(&chunk[..room]).is_err() {
+                            break;
+                        }
+                        let _ = client_write.flush();
+                        chunk = &chunk[room..];
+                        down_shared.held.fetch_add(1, Ordering::SeqCst);
+                        let mut open = down_shared.open.lock().unwrap();
+                        while !*open {
+                            open = down_shared.opened.wait(open).unwrap();
+                        }
+                        drop(open);
+                        down_shared.held.fetch_sub(1, Ordering::SeqCst);
                     }
-                    let _ = client_write.flush();
-                    chunk = &chunk[room..];
-                    down_shared.held.fetch_add(1, Ordering::SeqCst);
-                    let mut open = down_shared.open.lock().unwrap();
-                    while !*open {
-                        open = down_shared.opened.wait(open).unwrap();
-                    }
-                    drop(open);
-                    down_shared.held.fetch_sub(1, Ordering::SeqCst);
+                    sent_armed += chunk.len() as u64;
                 }
-                sent_armed += chunk.len() as u64;
+                if client_write.write_all(chunk).is_err() {
+                    break;
+                }
             }
-            if client_write.write_all(chunk).is_err() {
-                break;
+        },
+        |chunk| {
+            if chunk.starts_with(b"GET ") {
+                let line_end = chunk
+                    .windows(2)
+                    .position(|w| w == b"\r\n")
+                    .unwrap_or(chunk.len());
+                if chunk[..line_end]
+                    .windows(shared.pattern.len())
+                    .any(|w| w == shared.pattern.as_slice())
+                {
+                    shared.gets.fetch_add(1, Ordering::SeqCst);
+                    armed.store(true, Ordering::SeqCst);
+                }
             }
-        }
-        let _ = client_write.shutdown(Shutdown::Write);
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match client_read.read(&mut buf) {
-            Ok(0) | Err(_) => {
-                let _ = server_write.shutdown(Shutdown::Write);
-                break;
-            }
-            Ok(n) => n,
-        };
-        let chunk = &buf[..n];
-        if chunk.starts_with(b"GET ") {
-            let line_end = chunk
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .unwrap_or(chunk.len());
-            if chunk[..line_end]
-                .windows(shared.pattern.len())
-                .any(|w| w == shared.pattern.as_slice())
-            {
-                shared.gets.fetch_add(1, Ordering::SeqCst);
-                armed.store(true, Ordering::SeqCst);
-            }
-        }
-        if server_write.write_all(chunk).is_err() {
-            let _ = client_read.shutdown(Shutdown::Both);
-            break;
-        }
-    }
-    let _ = downstream.join();
+            true
+        },
+    );
 }
 
 /// Opens the gate when dropped: declared after the mount, it lets a stalled download

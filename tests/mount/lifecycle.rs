@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::harness::{Mount, mount_entry, repo_temp_dir};
+use crate::util::mount::{Mount, mount_entry, repo_temp_dir};
 use crate::util::tree::make_small_tree;
 use crate::util::{TestStore, ckptfs, run};
 

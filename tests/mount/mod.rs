@@ -1,6 +1,6 @@
 //! The read-only mount, for real: each test mounts a store with `ckptfs mount
-//! --foreground` on a FUSE mount point of its own (see [`harness`]) and uses it with
-//! ordinary tools (`ls`, `cat`, `find`, `diff -r`, `cp -a`) and `std::fs`.
+//! --foreground` on a FUSE mount point of its own (see [`crate::util::mount`]) and uses
+//! it with ordinary tools (`ls`, `cat`, `find`, `diff -r`, `cp -a`) and `std::fs`.
 //!
 //! Behavioural tests are functions taking a [`TestStore`]; `both_stores!` turns each
 //! into `mount::local::NAME` and `mount::s3::NAME`. Tests that need S3 alone (a proxy
@@ -13,7 +13,6 @@ mod cache;
 mod concurrency;
 mod fidelity;
 mod gate;
-mod harness;
 mod lifecycle;
 mod verification;
 mod views;

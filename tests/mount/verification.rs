@@ -5,7 +5,8 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use super::harness::{Mount, errno_of, repo_temp_dir};
+use crate::util::mount::{Mount, repo_temp_dir};
+use crate::util::sys::errno_of;
 use crate::util::tree::{make_random_tree, make_small_tree, write_file};
 use crate::util::{TestStore, sha256_hex};
 
@@ -142,7 +143,7 @@ pub(super) fn oversized_and_unusable_checkpoints_are_refused(store: &TestStore) 
     let cut_gzip = raw(&good_bytes[..good_bytes.len() / 2]);
 
     let mount = Mount::new(store)
-        .args(["--max-archive-size", "100KiB"])
+        .max_archive_size("100KiB")
         .args(["--max-entries", "20"])
         .args(["--max-unpacked-size", "512KiB"])
         .start();

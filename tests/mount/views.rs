@@ -1,31 +1,17 @@
 //! The tree around the checkpoints (`by-time/`, `latest`, `.status`, new checkpoints
 //! appearing), the read-only guarantee, ownership and mount options.
 
-use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::harness::{Mount, errno_of, mount_entry, repo_temp_dir};
+use crate::util::mount::{Mount, mount_entry, repo_temp_dir};
+use crate::util::sys::{c_path, errno_of, libc_result};
 use crate::util::tree::{make_dir, make_sample_tree, make_small_tree, write_file};
 use crate::util::{TestStore, parse_rfc3339_utc, run, unix_now};
-
-fn c_path(path: &Path) -> CString {
-    CString::new(path.as_os_str().as_bytes()).expect("path without NUL")
-}
-
-/// The result of a libc call returning 0 or -1, as an `io::Result`.
-fn libc_result(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
 
 pub(super) fn writes_inside_a_checkpoint_fail_with_erofs(store: &TestStore) {
     let work = repo_temp_dir("erofs-");

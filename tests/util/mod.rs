@@ -9,12 +9,18 @@
 //!   access to its objects, so behavioural tests can run against both kinds.
 //! - [`tree`]: build workspace trees with every kind of entry, compare two trees.
 //! - [`archive`]: hand-made (hostile) tar.gz archives.
-//! - [`proxy`]: a TCP proxy that cuts connections after a byte budget.
+//! - [`proxy`]: TCP proxies in front of the S3 server; one that cuts connections after
+//!   a byte budget.
+//! - [`mount`]: a real FUSE mount of a store (`ckptfs mount --foreground`), unmounted on
+//!   drop, and its `.status`.
+//! - [`sys`]: C paths, libc results and errno assertions.
 
 #![allow(dead_code)]
 
 pub mod archive;
+pub mod mount;
 pub mod proxy;
+pub mod sys;
 pub mod tree;
 
 use std::collections::BTreeMap;

@@ -1,4 +1,8 @@
-//! A TCP proxy that forwards faithfully until a connection has sent more than a byte
+//! TCP proxies in front of the S3 server. [`Proxy`] is the common part: it listens on
+//! 127.0.0.1, opens a connection upstream for every client and hands both to a handler
+//! on a thread of their own, which relays them with [`Connection::relay`].
+//!
+//! [`CuttingProxy`] forwards faithfully until a connection has sent more than a byte
 //! budget upstream, then cuts that connection (both ways). Small requests (HEAD,
 //! CreateMultipartUpload, AbortMultipartUpload) get through; every attempt at sending a
 //! large body fails part-way, however often it is retried. [`CuttingProxy::set_cutting`]
@@ -10,53 +14,50 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-const METHODS: [&[u8]; 5] = [b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE "];
-
-#[derive(Default)]
-struct Shared {
-    stop: AtomicBool,
-    /// Set while the proxy forwards everything (cutting is on by default).
-    passing: AtomicBool,
-    cut: AtomicUsize,
-    requests: Mutex<Vec<String>>,
-}
-
-/// A running proxy on 127.0.0.1; stopped when dropped.
-pub struct CuttingProxy {
+/// A running proxy on 127.0.0.1; it stops accepting connections when dropped.
+pub struct Proxy {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
     accept_thread: Option<JoinHandle<()>>,
 }
 
-impl CuttingProxy {
-    /// Proxies to `upstream_url` (`http://host:port`), cutting any connection once it has
-    /// forwarded more than `limit` bytes upstream.
-    pub fn start(upstream_url: &str, limit: u64) -> Self {
-        let host_port = upstream_url
+impl Proxy {
+    /// Proxies to `upstream_url` (`http://host:port`): every client connection, with
+    /// its own connection to the upstream, goes to `serve` on a thread of its own.
+    pub fn start<F>(upstream_url: &str, serve: F) -> Self
+    where
+        F: Fn(Connection) + Send + Sync + 'static,
+    {
+        let upstream = upstream_url
             .trim_start_matches("http://")
-            .trim_end_matches('/');
-        let upstream = host_port
+            .trim_end_matches('/')
             .to_socket_addrs()
             .expect("resolve upstream")
             .next()
             .expect("upstream address");
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let shared = Arc::new(Shared::default());
-        let accept_shared = shared.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accept_stop = Arc::clone(&stop);
+        let serve = Arc::new(serve);
         let accept_thread = std::thread::spawn(move || {
             for client in listener.incoming() {
-                if accept_shared.stop.load(Ordering::SeqCst) {
+                if accept_stop.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(client) = client else { continue };
-                let shared = accept_shared.clone();
-                std::thread::spawn(move || serve(client, upstream, limit, shared));
+                let stop = Arc::clone(&accept_stop);
+                let serve = Arc::clone(&serve);
+                std::thread::spawn(move || {
+                    if let Some(connection) = Connection::open(client, upstream, stop) {
+                        serve(connection);
+                    }
+                });
             }
         });
-        CuttingProxy {
+        Proxy {
             addr,
-            shared,
+            stop,
             accept_thread: Some(accept_thread),
         }
     }
@@ -64,6 +65,119 @@ impl CuttingProxy {
     /// `http://127.0.0.1:PORT` of the proxy.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(thread) = self.accept_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One client connection of a [`Proxy`] and its connection to the upstream.
+pub struct Connection {
+    client: TcpStream,
+    server: TcpStream,
+    stop: Arc<AtomicBool>,
+}
+
+impl Connection {
+    fn open(client: TcpStream, upstream: SocketAddr, stop: Arc<AtomicBool>) -> Option<Self> {
+        let server = TcpStream::connect(upstream).ok()?;
+        Some(Connection {
+            client,
+            server,
+            stop,
+        })
+    }
+
+    /// Set once the proxy is being dropped.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stop)
+    }
+
+    /// Relays the connection both ways and returns once both directions are done.
+    ///
+    /// `downstream(server, client)` copies the server's answers to the client on a
+    /// thread of its own; the client's write side is shut down when it returns. What the
+    /// client sends goes to the server chunk by chunk (each read as it came) until
+    /// either side closes, or until `upstream` returns false for a chunk: that chunk is
+    /// not sent and the connection is cut both ways.
+    pub fn relay<D, U>(self, downstream: D, mut upstream: U)
+    where
+        D: FnOnce(&mut TcpStream, &mut TcpStream) + Send + 'static,
+        U: FnMut(&[u8]) -> bool,
+    {
+        let (Ok(mut client_read), Ok(mut server_write)) =
+            (self.client.try_clone(), self.server.try_clone())
+        else {
+            return;
+        };
+        let (mut server_read, mut client_write) = (self.server, self.client);
+        let downstream = std::thread::spawn(move || {
+            downstream(&mut server_read, &mut client_write);
+            let _ = client_write.shutdown(Shutdown::Write);
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    let _ = server_write.shutdown(Shutdown::Write);
+                    break;
+                }
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if !upstream(chunk) {
+                let _ = client_read.shutdown(Shutdown::Both);
+                let _ = server_write.shutdown(Shutdown::Both);
+                break;
+            }
+            if server_write.write_all(chunk).is_err() {
+                let _ = client_read.shutdown(Shutdown::Both);
+                break;
+            }
+        }
+        let _ = downstream.join();
+    }
+}
+
+const METHODS: [&[u8]; 5] = [b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE "];
+
+#[derive(Default)]
+struct Shared {
+    /// Set while the proxy forwards everything (cutting is on by default).
+    passing: AtomicBool,
+    cut: AtomicUsize,
+    requests: Mutex<Vec<String>>,
+}
+
+/// A running cutting proxy on 127.0.0.1; stopped when dropped.
+pub struct CuttingProxy {
+    proxy: Proxy,
+    shared: Arc<Shared>,
+}
+
+impl CuttingProxy {
+    /// Proxies to `upstream_url` (`http://host:port`), cutting any connection once it has
+    /// forwarded more than `limit` bytes upstream.
+    pub fn start(upstream_url: &str, limit: u64) -> Self {
+        let shared = Arc::new(Shared::default());
+        let serve_shared = Arc::clone(&shared);
+        let proxy = Proxy::start(upstream_url, move |connection| {
+            serve(connection, limit, &serve_shared)
+        });
+        CuttingProxy { proxy, shared }
+    }
+
+    /// `http://127.0.0.1:PORT` of the proxy.
+    pub fn endpoint(&self) -> String {
+        self.proxy.endpoint()
     }
 
     /// How many connections were cut so far.
@@ -83,64 +197,32 @@ impl CuttingProxy {
     }
 }
 
-impl Drop for CuttingProxy {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect(self.addr);
-        if let Some(thread) = self.accept_thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn serve(client: TcpStream, upstream: SocketAddr, limit: u64, shared: Arc<Shared>) {
-    let Ok(server) = TcpStream::connect(upstream) else {
-        return;
-    };
-    let (Ok(mut client_read), Ok(mut server_write)) = (client.try_clone(), server.try_clone())
-    else {
-        return;
-    };
-    let (mut server_read, mut client_write) = (server, client);
-    let downstream = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut server_read, &mut client_write);
-        let _ = client_write.shutdown(Shutdown::Write);
-    });
+fn serve(connection: Connection, limit: u64, shared: &Shared) {
+    let stop = connection.stop_flag();
     let mut forwarded: u64 = 0;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match client_read.read(&mut buf) {
-            Ok(0) | Err(_) => {
-                let _ = server_write.shutdown(Shutdown::Write);
-                break;
+    connection.relay(
+        |server_read, client_write| {
+            let _ = std::io::copy(server_read, client_write);
+        },
+        |chunk| {
+            if METHODS.iter().any(|m| chunk.starts_with(m)) {
+                let end = chunk
+                    .windows(2)
+                    .position(|w| w == b"\r\n")
+                    .unwrap_or(chunk.len().min(200));
+                shared
+                    .requests
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&chunk[..end]).into_owned());
             }
-            Ok(n) => n,
-        };
-        let chunk = &buf[..n];
-        if METHODS.iter().any(|m| chunk.starts_with(m)) {
-            let end = chunk
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .unwrap_or(chunk.len().min(200));
-            shared
-                .requests
-                .lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(&chunk[..end]).into_owned());
-        }
-        forwarded += n as u64;
-        let over = forwarded > limit && !shared.passing.load(Ordering::SeqCst);
-        if over || shared.stop.load(Ordering::SeqCst) {
-            shared.cut.fetch_add(1, Ordering::SeqCst);
-            let _ = client_read.shutdown(Shutdown::Both);
-            let _ = server_write.shutdown(Shutdown::Both);
-            break;
-        }
-        if server_write.write_all(chunk).is_err() {
-            let _ = client_read.shutdown(Shutdown::Both);
-            break;
-        }
-    }
-    let _ = downstream.join();
+            forwarded += chunk.len() as u64;
+            let over = forwarded > limit && !shared.passing.load(Ordering::SeqCst);
+            if over || stop.load(Ordering::SeqCst) {
+                shared.cut.fetch_add(1, Ordering::SeqCst);
+                return false;
+            }
+            true
+        },
+    );
 }

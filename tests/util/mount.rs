@@ -1,41 +1,43 @@
-//! Mounting a store for real: [`Mount`] builds a `ckptfs mount --foreground` command,
-//! [`MountedStore`] runs it until dropped, and [`Status`] reads `.status`.
+//! Mounting a store for real, for the mount and capture suites: [`Mount`] builds a
+//! `ckptfs mount --foreground` command, [`MountedStore`] runs it until dropped, and
+//! [`Status`] reads `.status`.
 //!
-//! Every mount lives in a temp dir under the repository's `.tmp/` (which
+//! Every mount lives in a temp dir under the repository's `.tmp/tests/` (which
 //! `scripts/test.sh` sweeps for leftover FUSE mounts): `mnt/` is the mount point,
-//! `cache/` the default cache dir, `mount.log` the daemon's stderr. A mount is always
-//! unmounted on drop, also when the test panics: `fusermount3 -u`, then SIGTERM and a
-//! lazy `fusermount3 -uz` if that fails.
+//! `cache/` the default cache dir, `staging/` the staging dir when asked for
+//! ([`Mount::staging`]), `mount.log` the daemon's stderr. A mount is always unmounted
+//! on drop, also when the test panics: `fusermount3 -u`, then SIGTERM and a lazy
+//! `fusermount3 -uz` if that fails.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::{self, File};
-use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::util::{TestStore, ckptfs};
+use crate::util::{TestStore, ckptfs, is_sha256_hex, parse_rfc3339_utc};
 
 /// Longest wait for a mount to appear, or for something to show in `.status`.
 pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A fresh temp dir under the repository's `.tmp/`.
+/// A fresh temp dir under the repository's `.tmp/tests/`.
 pub fn repo_temp_dir(prefix: &str) -> TempDir {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tmp/tests");
     fs::create_dir_all(&base).expect("create .tmp/tests");
     tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in(&base)
-        .expect("create temp dir under .tmp")
+        .expect("create temp dir under .tmp/tests")
 }
 
 /// What to mount, and how.
 pub struct Mount {
     store_url: String,
     cache_dir: Option<PathBuf>,
+    staging: bool,
     endpoint: Option<String>,
     args: Vec<OsString>,
 }
@@ -45,6 +47,7 @@ impl Mount {
         Mount {
             store_url: store.url(),
             cache_dir: None,
+            staging: false,
             endpoint: None,
             args: Vec::new(),
         }
@@ -55,6 +58,24 @@ impl Mount {
     pub fn cache_dir(mut self, dir: &Path) -> Self {
         self.cache_dir = Some(dir.to_owned());
         self
+    }
+
+    /// Keeps staged workspaces in a fresh dir of the mount's own (`--staging-dir
+    /// WORK/staging`), which [`MountedStore::staging_dir`] shows, instead of the
+    /// default folder in the cache dir.
+    pub fn staging(mut self) -> Self {
+        self.staging = true;
+        self
+    }
+
+    /// `--part-size SIZE`: the part size of multipart uploads when sealing.
+    pub fn part_size(self, size: &str) -> Self {
+        self.args(["--part-size", size])
+    }
+
+    /// `--max-archive-size SIZE`.
+    pub fn max_archive_size(self, size: &str) -> Self {
+        self.args(["--max-archive-size", size])
     }
 
     /// Talks to S3 through this endpoint (a proxy) instead of the test server.
@@ -78,12 +99,12 @@ impl Mount {
     pub fn start(self) -> MountedStore {
         let work = repo_temp_dir("mount-");
         // Canonical, as /proc/self/mountinfo shows it.
-        let mountpoint = fs::canonicalize(work.path())
-            .expect("canonical temp dir")
-            .join("mnt");
+        let work_path = fs::canonicalize(work.path()).expect("canonical temp dir");
+        let mountpoint = work_path.join("mnt");
         fs::create_dir(&mountpoint).expect("create mount point");
-        let cache_dir = self.cache_dir.unwrap_or_else(|| work.path().join("cache"));
-        let log = work.path().join("mount.log");
+        let cache_dir = self.cache_dir.unwrap_or_else(|| work_path.join("cache"));
+        let staging_dir = self.staging.then(|| work_path.join("staging"));
+        let log = work_path.join("mount.log");
         let log_file = File::create(&log).expect("create mount log");
         let mut cmd = ckptfs();
         cmd.arg("mount")
@@ -91,8 +112,11 @@ impl Mount {
             .arg(&mountpoint)
             .arg("--foreground")
             .arg("--cache-dir")
-            .arg(&cache_dir)
-            .args(&self.args)
+            .arg(&cache_dir);
+        if let Some(dir) = &staging_dir {
+            cmd.arg("--staging-dir").arg(dir);
+        }
+        cmd.args(&self.args)
             .env("RUST_LOG", "info")
             .stdout(log_file.try_clone().expect("clone log handle"))
             .stderr(log_file);
@@ -105,6 +129,7 @@ impl Mount {
         let mut mounted = MountedStore {
             mountpoint,
             cache_dir,
+            staging_dir,
             log,
             child: Some(child),
             _work: work,
@@ -118,6 +143,7 @@ impl Mount {
 pub struct MountedStore {
     mountpoint: PathBuf,
     cache_dir: PathBuf,
+    staging_dir: Option<PathBuf>,
     log: PathBuf,
     child: Option<Child>,
     // Dropped last: the mount point and log live in it.
@@ -134,8 +160,28 @@ impl MountedStore {
         self.mountpoint.join(rel)
     }
 
+    /// `MNT/staging/NAME`.
+    pub fn staged(&self, name: &str) -> PathBuf {
+        self.mountpoint.join("staging").join(name)
+    }
+
+    /// `MNT/commit/NAME`.
+    pub fn committed(&self, name: &str) -> PathBuf {
+        self.mountpoint.join("commit").join(name)
+    }
+
+    /// The mount's `--cache-dir` (sealed archives are written in its `tmp/`).
     pub fn cache_dir(&self) -> &Path {
         &self.cache_dir
+    }
+
+    /// The backing directory of `staging/` on local disk; the mount must have been
+    /// started with [`Mount::staging`].
+    #[track_caller]
+    pub fn staging_dir(&self) -> &Path {
+        self.staging_dir
+            .as_deref()
+            .expect("mounted without Mount::staging")
     }
 
     /// What the daemon logged so far.
@@ -143,17 +189,71 @@ impl MountedStore {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// `.status`, parsed.
+    /// The daemon's warnings and errors so far (the last 40), for failure messages.
+    pub fn log_excerpt(&self) -> String {
+        let text = strip_ansi(&self.log_text());
+        let notable: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        let start = notable.len().saturating_sub(40);
+        format!(
+            "daemon warnings and errors:\n{}",
+            notable[start..].join("\n")
+        )
+    }
+
+    /// The text of `.status`, as it is.
     #[track_caller]
-    pub fn status(&self) -> Status {
-        let text = fs::read_to_string(self.join(".status")).unwrap_or_else(|e| {
+    pub fn status_text(&self) -> String {
+        fs::read_to_string(self.join(".status")).unwrap_or_else(|e| {
             panic!(
                 "read .status: {e} (daemon: {})\nlog:\n{}",
                 self.daemon_state(),
                 self.log_text()
             )
-        });
-        Status::parse(&text)
+        })
+    }
+
+    /// `.status`, parsed (and checked line by line).
+    #[track_caller]
+    pub fn status(&self) -> Status {
+        Status::parse(&self.status_text())
+    }
+
+    /// `downloads: D` of the `.status` counters header, read without checking the rest
+    /// of `.status`.
+    #[track_caller]
+    pub fn downloads(&self) -> u64 {
+        let text = self.status_text();
+        let header = text
+            .lines()
+            .find(|l| l.starts_with("# checkpoints: "))
+            .unwrap_or_else(|| panic!("no `# checkpoints:` header in .status:\n{text}"));
+        let after = header
+            .split("; downloads: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no `downloads:` counter in .status:\n{text}"));
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("bad downloads counter in .status:\n{text}"))
+    }
+
+    /// `commit/NAME`'s target, which must be `../<sha256>`; returns the sha256.
+    #[track_caller]
+    pub fn commit_target(&self, name: &str) -> String {
+        let target = fs::read_link(self.committed(name))
+            .unwrap_or_else(|e| panic!("readlink commit/{name}: {e}\n{}", self.log_excerpt()));
+        let target = target.to_str().expect("UTF-8 link target");
+        let sha = target
+            .strip_prefix("../")
+            .unwrap_or_else(|| panic!("commit/{name} -> {target}, expected ../<sha256>"));
+        assert!(
+            is_sha256_hex(sha),
+            "commit/{name} -> {target}, expected ../<sha256>"
+        );
+        sha.to_owned()
     }
 
     /// The daemon's process state from `/proc` (`R`, `S`, `Z`...), for messages.
@@ -262,6 +362,24 @@ impl Drop for MountedStore {
     }
 }
 
+/// The text without ANSI colour sequences (`ESC [ ... letter`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn fusermount(flags: &[&str], mountpoint: &Path) -> bool {
     Command::new("fusermount3")
         .args(flags)
@@ -331,7 +449,6 @@ pub fn mount_entry(path: &Path) -> Option<MountEntry> {
         })
     })
 }
-
 /// `.status`, parsed: the counters header and one state per checkpoint.
 #[derive(Debug, Clone)]
 pub struct Status {
@@ -366,14 +483,14 @@ impl Status {
             }
             let fields: Vec<&str> = line.splitn(4, "  ").collect();
             assert!(
-                fields.len() == 4 && crate::util::is_sha256_hex(fields[0]),
+                fields.len() == 4 && is_sha256_hex(fields[0]),
                 "bad .status line {line:?}:\n{text}"
             );
             let size = fields[1]
                 .parse()
                 .unwrap_or_else(|_| panic!("bad size in .status line {line:?}:\n{text}"));
             assert!(
-                crate::util::parse_rfc3339_utc(fields[2]).is_some(),
+                parse_rfc3339_utc(fields[2]).is_some(),
                 "bad time in .status line {line:?}:\n{text}"
             );
             let state = fields[3].to_owned();
@@ -447,15 +564,4 @@ fn parse_counters(rest: &str, text: &str) -> [u64; 5] {
         bad();
     }
     [numbers[0], numbers[1], numbers[2], numbers[3], numbers[4]]
-}
-
-/// The raw OS error of `result`, panicking if it succeeded.
-#[track_caller]
-pub fn errno_of<T: std::fmt::Debug>(what: &str, result: io::Result<T>) -> i32 {
-    match result {
-        Ok(value) => panic!("{what} succeeded ({value:?}); expected an error"),
-        Err(e) => e
-            .raw_os_error()
-            .unwrap_or_else(|| panic!("{what} failed without an errno: {e}")),
-    }
 }
