@@ -91,12 +91,8 @@ pub enum CheckpointError {
     UnknownPrefix(String),
     #[error("{prefix:?} matches {count} checkpoints; give more digits")]
     AmbiguousPrefix { prefix: String, count: usize },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 }
 
 /// Every checkpoint in the store, oldest first (ties broken by digest, so the order
@@ -161,9 +157,9 @@ impl<R: Read> VerifyingReader<R> {
     /// Reads the rest of the stream (consumers such as gzip may stop early), then
     /// compares length and digest.
     pub fn finish(mut self) -> Result<u64, CheckpointError> {
-        io::copy(&mut self, &mut io::sink()).map_err(|source| CheckpointError::Io {
+        io::copy(&mut self, &mut io::sink()).map_err(|cause| CheckpointError::Io {
             context: format!("download checkpoint {}", self.id),
-            source,
+            cause,
         })?;
         let failure = if self.read != self.announced {
             VerifyFailure::SizeMismatch(format!(
@@ -289,9 +285,9 @@ pub fn write_archive_file(
     let temp = tempfile::Builder::new()
         .prefix(".ckptfs-put-")
         .tempfile_in(options.temp_dir)
-        .map_err(|source| CheckpointError::Io {
+        .map_err(|cause| CheckpointError::Io {
             context: format!("create a temporary file in {}", options.temp_dir.display()),
-            source,
+            cause,
         })?;
     let written = writer::write_archive_with_copy(
         dir,
@@ -343,7 +339,7 @@ pub fn get(
     temp_dir: &Path,
     progress: Progress<'_>,
 ) -> Result<archive::extract::ExtractSummary, CheckpointError> {
-    let io_err = |context: String| move |source| CheckpointError::Io { context, source };
+    let io_err = |context: String| move |cause| CheckpointError::Io { context, cause };
     let mut reader = open(store, id, u64::MAX)?;
     let mut temp = tempfile::Builder::new()
         .prefix(".ckptfs-get-")

@@ -4,9 +4,11 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = ckptfs::cli::Cli::parse();
+    // The AWS SDK warns about each credential provider it tries; the command's own
+    // error already says why credentials could not be found.
     let default_level = match cli.command {
-        ckptfs::cli::Command::Mount(_) => "info",
-        _ => "warn",
+        ckptfs::cli::Command::Mount(_) => "info,aws_config=error",
+        _ => "warn,aws_config=error",
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

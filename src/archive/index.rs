@@ -125,12 +125,8 @@ pub enum IndexError {
     TooLarge(u64),
     #[error("the archive is not a valid tar.gz: {0}")]
     Corrupt(io::Error),
-    #[error("cannot write the cache ({}): {source}", path.display())]
-    Cache {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cannot write the cache ({}): {cause}", path.display())]
+    Cache { path: PathBuf, cause: io::Error },
 }
 
 struct Builder<'a> {
@@ -155,7 +151,7 @@ pub fn build(
     limits: Limits,
     default_mtime: i64,
 ) -> Result<Index, IndexError> {
-    let cache_err = |path: PathBuf| move |source| IndexError::Cache { path, source };
+    let cache_err = |path: PathBuf| move |cause| IndexError::Cache { path, cause };
     fs::DirBuilder::new()
         .mode(0o700)
         .create(out_dir.join("files"))
@@ -364,14 +360,14 @@ impl Builder<'_> {
             let pack = pack_path(self.out_dir);
             self.pack
                 .write_all(&head)
-                .map_err(|source| IndexError::Cache { path: pack, source })?;
+                .map_err(|cause| IndexError::Cache { path: pack, cause })?;
             self.pack_len += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
         let path = own_file_path(self.out_dir, node);
-        let cache_err = |source| IndexError::Cache {
+        let cache_err = |cause| IndexError::Cache {
             path: path.clone(),
-            source,
+            cause,
         };
         let mut file = create_private(&path).map_err(cache_err)?;
         file.write_all(&head).map_err(cache_err)?;
@@ -402,7 +398,7 @@ impl Builder<'_> {
         let pack = pack_path(self.out_dir);
         self.pack
             .flush()
-            .map_err(|source| IndexError::Cache { path: pack, source })?;
+            .map_err(|cause| IndexError::Cache { path: pack, cause })?;
         for (index, children) in self.children.into_iter().enumerate() {
             if let Some(children) = children {
                 let subdirs = children

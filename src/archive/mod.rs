@@ -23,18 +23,14 @@ pub enum ArchiveError {
     Hostile { entry: String, reason: &'static str },
     #[error("destination {}: {reason}", path.display())]
     Destination { path: PathBuf, reason: String },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 }
 
 impl ArchiveError {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> ArchiveError {
         let context = context.into();
-        move |source| ArchiveError::Io { context, source }
+        move |cause| ArchiveError::Io { context, cause }
     }
 }
 

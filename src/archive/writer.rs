@@ -117,8 +117,8 @@ pub fn write_archive_with_copy<W: Write>(
 /// error the caller can act on.
 fn limit_error(e: ArchiveError, limit: u64) -> ArchiveError {
     match &e {
-        ArchiveError::Io { source, .. }
-            if source
+        ArchiveError::Io { cause, .. }
+            if cause
                 .get_ref()
                 .is_some_and(|inner| inner.is::<LimitExceeded>()) =>
         {

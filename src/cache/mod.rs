@@ -14,6 +14,7 @@
 //!   hashed, length-checked and indexed in one pass; it appears by an atomic rename;
 //! - nothing from it is served after a restart before every byte was checked again
 //!   against the checksums in its index: a damaged entry is deleted and fetched again;
+//! - one daemon at a time uses a cache directory (an exclusive `flock` on `lock`);
 //! - the total size stays under the configured bound, evicting least recently used
 //!   entries that the caller says are not in use.
 
@@ -39,14 +40,10 @@ pub enum CacheError {
     Verify(VerifyFailure),
     #[error("{0}")]
     Checkpoint(CheckpointError),
-    #[error("{0}")]
+    #[error(transparent)]
     Index(#[from] IndexError),
-    #[error("cache {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cache {}: {cause}", path.display())]
+    Io { path: PathBuf, cause: io::Error },
 }
 
 impl From<CheckpointError> for CacheError {
@@ -59,9 +56,9 @@ impl From<CheckpointError> for CacheError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
-    move |source| CacheError::Io {
+    move |cause| CacheError::Io {
         path: path.to_owned(),
-        source,
+        cause,
     }
 }
 
@@ -101,6 +98,8 @@ pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
 }
 
 pub struct Cache {
+    /// Held (flock) for the cache's lifetime: one daemon per cache directory.
+    _lock: File,
     checkpoints: PathBuf,
     max_bytes: u64,
     /// Entries on disk, least recently used last, with their sizes in bytes.
@@ -145,6 +144,22 @@ impl Cache {
     /// Opens the cache directory, creating it, and forgets unfinished passes.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, CacheError> {
         private_dir(dir)?;
+        let lock_path = dir.join("lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |_| CacheError::Io {
+                path: dir.to_owned(),
+                cause: io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "another ckptfs daemon uses this cache directory; give each its own --cache-dir",
+                ),
+            },
+        )?;
         let checkpoints = dir.join("checkpoints");
         private_dir(&checkpoints)?;
         let mut found = Vec::new();
@@ -172,6 +187,7 @@ impl Cache {
             entries.put(id, size);
         }
         Ok(Cache {
+            _lock: lock,
             checkpoints,
             max_bytes,
             entries: Mutex::new(entries),
@@ -351,7 +367,7 @@ impl Cache {
 fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
     let bytes = postcard::to_stdvec(index).map_err(|e| CacheError::Io {
         path: dir.join("index"),
-        source: io::Error::other(e),
+        cause: io::Error::other(e),
     })?;
     let tmp = dir.join("index.tmp");
     let mut file = index::create_private(&tmp).map_err(io_err(&tmp))?;
@@ -388,7 +404,7 @@ fn read_index(dir: &Path) -> Result<Index, CacheError> {
     let bytes = fs::read(&path).map_err(io_err(&path))?;
     let damaged = |why: &str| CacheError::Io {
         path: path.clone(),
-        source: io::Error::new(io::ErrorKind::InvalidData, why.to_owned()),
+        cause: io::Error::new(io::ErrorKind::InvalidData, why.to_owned()),
     };
     if bytes.len() < 8 {
         return Err(damaged("index too short"));
@@ -418,7 +434,7 @@ fn open_entry(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, Cache
     let checkpoint = open_entry_trusted(id, dir)?;
     let damaged = |path: &Path, why: String| CacheError::Io {
         path: path.to_owned(),
-        source: io::Error::new(io::ErrorKind::InvalidData, why),
+        cause: io::Error::new(io::ErrorKind::InvalidData, why),
     };
     let mut packed = Vec::new();
     for (node, entry) in checkpoint.index.nodes.iter().enumerate() {

@@ -18,12 +18,8 @@ pub enum FsError {
     BadHandle,
     #[error("checkpoint {id} is unavailable: {reason}")]
     Unverified { id: String, reason: String },
-    #[error("checkpoint {id}: {source}")]
-    Cache {
-        id: String,
-        #[source]
-        source: CacheError,
-    },
+    #[error("checkpoint {id}: {cause}")]
+    Cache { id: String, cause: CacheError },
     /// Reading a verified checkpoint from the cache failed: never the caller's fault.
     #[error("reading the cache: {0}")]
     Io(std::io::Error),

@@ -74,21 +74,20 @@ pub enum StoreError {
         name: String,
         message: String,
     },
-    #[error("{operation} {}: {source}", path.display())]
+    #[error("{operation} {}: {cause}", path.display())]
     Io {
         operation: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 impl StoreError {
-    pub(crate) fn io(operation: &'static str, path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(operation: &'static str, path: &Path, cause: std::io::Error) -> Self {
         StoreError::Io {
             operation,
             path: path.to_owned(),
-            source,
+            cause,
         }
     }
 }
