@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::inode::{self, Inode};
@@ -182,6 +182,22 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
+/// Attributes for `.` and `..` in a readdirplus reply, which the kernel skips.
+fn placeholder_attr(ino: u64) -> FileAttr {
+    file_attr(&Attr {
+        ino,
+        kind: FileKind::Directory,
+        size: 0,
+        perm: 0o555,
+        nlink: 2,
+        uid: 0,
+        gid: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+    })
+}
+
 fn file_type(kind: FileKind) -> FileType {
     match kind {
         FileKind::Directory => FileType::Directory,
@@ -227,6 +243,8 @@ fn open_flags(opened: &OpenFile) -> FopenFlags {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
@@ -276,7 +294,13 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let immutable = self.fs.is_immutable(ino.0);
         self.dispatch(ino.0, false, move |fs| match fs.opendir(ino.0) {
+            // A checkpoint's directories never change: the kernel may keep listings.
+            Ok(fh) if immutable => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno("opendir", ino.0, &e)),
         });
@@ -303,6 +327,60 @@ impl Filesystem for FuseAdapter {
             match result {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("readdir", ino.0, &e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // Entries with their attributes, so that `ls -l` needs no lookup per entry.
+        self.dispatch(ino.0, false, move |fs| {
+            let mut failure = None;
+            let result = fs.readdir(ino.0, fh.0, offset, &mut |entry, next| {
+                let name = OsStr::from_bytes(&entry.name);
+                if entry.name == b"." || entry.name == b".." {
+                    // The kernel ignores these entries' attributes.
+                    let attr = placeholder_attr(entry.ino);
+                    return reply.add(
+                        INodeNo(entry.ino),
+                        next,
+                        name,
+                        &UNCACHED,
+                        &attr,
+                        Generation(0),
+                    );
+                }
+                let attr = match fs.lookup(ino.0, &entry.name) {
+                    Ok(attr) => attr,
+                    Err(e) => {
+                        failure = Some(e);
+                        return true;
+                    }
+                };
+                let ttl = entry_ttl(fs, ino.0, attr.ino);
+                let full = reply.add(
+                    INodeNo(attr.ino),
+                    next,
+                    name,
+                    &ttl,
+                    &file_attr(&attr),
+                    Generation(0),
+                );
+                if full {
+                    // Not sent: the kernel will not count this lookup.
+                    fs.forget(attr.ino, 1);
+                }
+                full
+            });
+            match result.and_then(|()| failure.map_or(Ok(()), Err)) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("readdirplus", ino.0, &e)),
             }
         });
     }
@@ -434,7 +512,9 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing to do on close (writes are not buffered here); ENOSYS makes the
+        // kernel stop sending flush, which saves a round trip per close.
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn fsync(
@@ -495,16 +575,14 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        // Extended attributes are not part of checkpoints.
-        reply.error(Errno::from_i32(libc::ENODATA));
+        // Extended attributes are not part of checkpoints. ENOSYS (rather than
+        // ENODATA) makes the kernel stop asking for the whole mount: `ls -l` asks for
+        // two or three attributes per entry, which would double its cost.
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn setattr(
