@@ -8,15 +8,18 @@
 #   bench_deps [ratarmount]
 #                       apt packages (fuse3, time) if missing, the venv (moto, boto3)
 #                       plus awscli (and ratarmount) from PyPI, and the release binary
-#   tm LABEL CMD...     runs CMD under /usr/bin/time -f '%e %M'; appends
-#                       "LABEL seconds maxrss_kib" to $STEPS (seconds from a ns clock,
-#                       since %e has only 10 ms resolution; RSS is time's %M)
+#   tm LABEL CMD...     runs CMD under /usr/bin/time -f '%e %M %U %S'; appends
+#                       "LABEL seconds maxrss_kib cpu_seconds" to $STEPS (seconds from
+#                       a ns clock, since %e has only 10 ms resolution; RSS is time's
+#                       %M; CPU is user + system time, children included)
 #   run_begin / run_total
 #                       clear $STEPS / print "sum_of_seconds max_rss_kib" of its lines
 #   record KEY VALUE... appends values to $RES/KEY;  med KEY prints their median
 #   mount_ckptfs STORE MNT CACHE [args]   daemon mount; sets CKPT_PID
 #   unmount_wait MNT [PID]                fusermount3 -u, then wait for PID to exit
 #   vmhwm PID           peak RSS (KiB) of a live process, from /proc/PID/status
+#   reset_hwm PID       reset that peak to the current RSS (/proc/PID/clear_refs)
+#   proc_cpu PID        CPU seconds (user + system, all threads) a live process used
 
 BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CKPTFS_ROOT="$BENCH_ROOT"
@@ -201,15 +204,16 @@ tm() {
     local label="$1"; shift
     local tf="$WORK/.time" t0 t1 rc=0
     t0="$(now_ns)"
-    /usr/bin/time -f '%e %M' -o "$tf" "$@" || rc=$?
+    /usr/bin/time -f '%e %M %U %S' -o "$tf" "$@" || rc=$?
     t1="$(now_ns)"
     if [ "$rc" != 0 ]; then
         echo "command failed ($rc): $*" >&2
         return "$rc"
     fi
-    printf '%s %s %s\n' "$label" \
+    printf '%s %s %s %s\n' "$label" \
         "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", (b - a) / 1e9 }')" \
-        "$(tail -n 1 "$tf" | awk '{ print $2 }')" >>"$STEPS"
+        "$(tail -n 1 "$tf" | awk '{ print $2 }')" \
+        "$(tail -n 1 "$tf" | awk '{ printf "%.2f", $3 + $4 }')" >>"$STEPS"
 }
 
 run_begin() { : >"$STEPS"; }
@@ -222,6 +226,8 @@ run_total() {
 # Seconds / RSS of one labelled step of the current run.
 step_secs() { awk -v l="$1" '$1 == l { s += $2 } END { printf "%.4f\n", s }' "$STEPS"; }
 step_rss() { awk -v l="$1" '$1 == l && $3 > m { m = $3 } END { printf "%d\n", m }' "$STEPS"; }
+# CPU seconds (user + system) of one labelled step of the current run.
+step_cpu() { awk -v l="$1" '$1 == l { s += $4 } END { printf "%.2f\n", s }' "$STEPS"; }
 
 record() {
     local key="$1"; shift
@@ -250,6 +256,19 @@ human() {
 }
 
 vmhwm() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo "n/a"; }
+
+# Reset a live process's VmHWM to its current RSS (Linux >= 4.0), so that a later
+# vmhwm covers only what happened in between. Fails if the kernel refuses.
+reset_hwm() { { echo 5 >"/proc/$1/clear_refs"; } 2>/dev/null; }
+
+# CPU seconds (utime + stime, all threads) used so far by a live process. Fields 14
+# and 15 of /proc/PID/stat, counted after the ")" that ends the command name.
+CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+proc_cpu() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo "n/a"; return; }
+    awk -v hz="$CLK_TCK" '{ printf "%.2f\n", ($12 + $13) / hz }' <<<"${stat##*) }"
+}
 
 # ckptfs mount in daemon mode; CKPT_PID is the daemon's PID (from its stderr line
 # "mounted ... (daemon pid N, log ...)").
