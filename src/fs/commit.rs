@@ -19,6 +19,7 @@ use crate::archive::ArchiveError;
 use crate::archive::index;
 use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions};
 use crate::pipe::pipe;
+use crate::store::PutOutcome;
 
 /// How many finished seals `.status` remembers.
 const OUTCOMES_KEPT: usize = 100;
@@ -70,10 +71,14 @@ impl CheckpointFs {
                 let mut seals = fs.seals.lock().expect("seals lock");
                 seals.in_progress.retain(|n| n != &commit_name);
                 let outcome = match &result {
-                    Ok(id) => {
+                    Ok((id, stored)) => {
                         seals.sealed.push((commit_name.clone(), id.clone()));
-                        tracing::info!(workspace = %shown, checkpoint = %id, "sealed");
-                        format!("{shown}: sealed as {id}")
+                        let how = match stored {
+                            PutOutcome::Stored => "stored",
+                            PutOutcome::AlreadyPresent => "already present",
+                        };
+                        tracing::info!(workspace = %shown, checkpoint = %id, how, "sealed");
+                        format!("{shown}: sealed as {id} ({how})")
                     }
                     Err(e) => {
                         tracing::error!(workspace = %shown, error = %e, "seal failed; the workspace is unchanged");
@@ -90,7 +95,7 @@ impl CheckpointFs {
             .expect("spawning a seal thread");
     }
 
-    fn seal_now(&self, name: &[u8]) -> Result<CheckpointId, FsError> {
+    fn seal_now(&self, name: &[u8]) -> Result<(CheckpointId, PutOutcome), FsError> {
         let (path, inodes) = self.staging.freeze(name)?;
         let result = self.seal_frozen(&path);
         if result.is_ok()
@@ -102,7 +107,7 @@ impl CheckpointFs {
         result
     }
 
-    fn seal_frozen(&self, path: &std::path::Path) -> Result<CheckpointId, FsError> {
+    fn seal_frozen(&self, path: &std::path::Path) -> Result<(CheckpointId, PutOutcome), FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
             temp_dir: &self.config.work_dir,
@@ -152,6 +157,6 @@ impl CheckpointFs {
                 self.add_checkpoint(info, None);
             }
         }
-        Ok(report.id)
+        Ok((report.id, report.outcome))
     }
 }

@@ -29,6 +29,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
     if !args.foreground {
         return spawn_daemon(args);
     }
+    raise_open_file_limit();
     let store = crate::commands::open_store(cli, &args.store, args.part_size)?;
     let cache_dir = cache_dir(args);
     let cache = Arc::new(
@@ -105,6 +106,35 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
     session.run().context("the FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())
+}
+
+/// Staging holds one descriptor per inode the kernel knows (see `staging.rs`), and a
+/// workspace easily has tens of thousands: raise the limit on open files as far as
+/// allowed (the system's maximum where the daemon may raise its hard limit, else the
+/// hard limit).
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let current = getrlimit(Resource::Nofile);
+    let system_max = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let raised = system_max.is_some_and(|max| {
+        let limit = Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        };
+        setrlimit(Resource::Nofile, limit).is_ok()
+    });
+    if !raised {
+        let limit = Rlimit {
+            current: current.maximum,
+            maximum: current.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %e, "could not raise the open file limit");
+        }
+    }
+    tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
 }
 
 fn cache_dir(args: &MountArgs) -> PathBuf {

@@ -182,7 +182,7 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
     assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
     let status = mount.status_text();
     assert!(
-        status.contains(&format!("# seal turn: sealed as {sha}\n")),
+        status.contains(&format!("# seal turn: sealed as {sha} (stored)\n")),
         "{status}"
     );
 }

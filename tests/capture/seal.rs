@@ -95,7 +95,7 @@ fn a_workspace_sealed_with_mv_is_what_put_stores() {
     assert!(diff.status.success(), "{diff}");
     let status = mount.status_text();
     assert!(
-        status.contains(&format!("# seal turn-1: sealed as {sha}\n")),
+        status.contains(&format!("# seal turn-1: sealed as {sha} (stored)\n")),
         "{status}"
     );
     assert!(!status.contains("# seal in progress"), "{status}");
