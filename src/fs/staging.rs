@@ -55,9 +55,31 @@ pub struct Caller {
     pub gid: u32,
 }
 
+/// An inode the kernel knows, with how to reach it. Directories keep an `O_PATH`
+/// descriptor: they are few, and everything below them is reached through them.
+/// Other files are reached by name in their directory, so that a workspace of any
+/// size needs one descriptor per directory, not per file.
 struct Known {
-    fd: Arc<OwnedFd>,
     lookups: u64,
+    place: Place,
+}
+
+enum Place {
+    Dir(Arc<OwnedFd>),
+    /// The names (directory inode, name) the file is known by; kept up to date by
+    /// rename, link and unlink, which all go through this tree. Empty once every
+    /// name was unlinked: the file is then reachable only through an open handle.
+    Links(Vec<(u64, Vec<u8>)>),
+}
+
+/// How a system call reaches an inode.
+enum Loc {
+    /// A directory's own descriptor.
+    Dir(Arc<OwnedFd>),
+    /// A name in a directory.
+    At(Arc<OwnedFd>, Vec<u8>),
+    /// An unlinked file, through one of its open handles.
+    Open(Arc<Handle>),
 }
 
 enum Handle {
@@ -85,7 +107,7 @@ fn os(e: rustix::io::Errno) -> FsError {
     FsError::Os(std::io::Error::from(e))
 }
 
-fn proc_path(fd: &OwnedFd) -> PathBuf {
+fn proc_path(fd: &impl AsRawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
@@ -163,16 +185,110 @@ impl StagingTree {
         }
     }
 
+    /// The descriptor of directory `ino`.
     fn fd(&self, ino: u64) -> Result<Arc<OwnedFd>, FsError> {
         if ino == inode::STAGING {
             return Ok(Arc::clone(&self.root_fd));
         }
-        self.known
-            .lock()
-            .expect("staging lock")
-            .get(&ino)
-            .map(|k| Arc::clone(&k.fd))
+        match self.known.lock().expect("staging lock").get(&ino) {
+            Some(Known {
+                place: Place::Dir(fd),
+                ..
+            }) => Ok(Arc::clone(fd)),
+            Some(_) => Err(FsError::NotADirectory),
+            None => Err(FsError::Stale),
+        }
+    }
+
+    fn loc(&self, ino: u64) -> Result<Loc, FsError> {
+        if ino == inode::STAGING {
+            return Ok(Loc::Dir(Arc::clone(&self.root_fd)));
+        }
+        let link = match self.known.lock().expect("staging lock").get(&ino) {
+            Some(Known {
+                place: Place::Dir(fd),
+                ..
+            }) => return Ok(Loc::Dir(Arc::clone(fd))),
+            Some(Known {
+                place: Place::Links(links),
+                ..
+            }) => links.first().cloned(),
+            None => return Err(FsError::Stale),
+        };
+        if let Some((parent, name)) = link {
+            return Ok(Loc::At(self.fd(parent)?, name));
+        }
+        let handles = self.handles.lock().expect("handles lock");
+        handles
+            .values()
+            .find(|h| matches!(***h, Handle::File { ino: i, .. } if i == ino))
+            .map(|h| Loc::Open(Arc::clone(h)))
             .ok_or(FsError::Stale)
+    }
+
+    fn stat(&self, loc: &Loc) -> Result<rfs::Stat, FsError> {
+        match loc {
+            Loc::Dir(fd) => rfs::fstat(&**fd),
+            Loc::At(dir, name) => {
+                rfs::statat(&**dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
+            }
+            Loc::Open(handle) => match &**handle {
+                Handle::File { file, .. } => rfs::fstat(file),
+                Handle::Dir(_) => return Err(FsError::Stale),
+            },
+        }
+        .map_err(os)
+    }
+
+    /// Records one more kernel reference to `ino`, reached as `parent/name`; a
+    /// directory comes with its descriptor.
+    fn remember(&self, ino: u64, parent: u64, name: &[u8], dir_fd: Option<OwnedFd>) {
+        let mut known = self.known.lock().expect("staging lock");
+        let entry = known.entry(ino).or_insert_with(|| Known {
+            lookups: 0,
+            place: Place::Links(Vec::new()),
+        });
+        entry.lookups += 1;
+        match dir_fd {
+            Some(fd) => {
+                if !matches!(entry.place, Place::Dir(_)) {
+                    entry.place = Place::Dir(Arc::new(fd));
+                }
+            }
+            None => {
+                if matches!(entry.place, Place::Dir(_)) {
+                    // The backing inode number now belongs to another kind of file.
+                    entry.place = Place::Links(Vec::new());
+                }
+                if let Place::Links(links) = &mut entry.place
+                    && !links.iter().any(|(p, n)| *p == parent && n == name)
+                {
+                    links.push((parent, name.to_vec()));
+                }
+            }
+        }
+    }
+
+    /// Keeps the names of known files right after `parent/name` changed.
+    fn renamed(&self, ino: u64, from: (u64, &[u8]), to: Option<(u64, &[u8])>) {
+        let mut known = self.known.lock().expect("staging lock");
+        if let Some(Known {
+            place: Place::Links(links),
+            ..
+        }) = known.get_mut(&ino)
+        {
+            links.retain(|(p, n)| !(*p == from.0 && n == from.1));
+            if let Some((parent, name)) = to {
+                links.push((parent, name.to_vec()));
+            }
+        }
+    }
+
+    /// The FUSE inode number of `parent/name`, if it exists.
+    fn child_ino(&self, parent: &OwnedFd, name: &[u8]) -> Option<u64> {
+        rfs::statat(parent, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|stat| self.fuse_ino(stat.st_ino))
     }
 
     fn attr(&self, stat: &rfs::Stat) -> Attr {
@@ -215,25 +331,24 @@ impl StagingTree {
     /// Registers one more kernel reference to `parent/name` and returns its attributes.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
         let parent_fd = self.fd(parent)?;
-        let name = OsStr::from_bytes(name);
-        let fd = rfs::openat(
-            &*parent_fd,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(os)?;
-        let stat = rfs::fstat(&fd).map_err(os)?;
+        let os_name = OsStr::from_bytes(name);
+        let mut stat = rfs::statat(&*parent_fd, os_name, AtFlags::SYMLINK_NOFOLLOW).map_err(os)?;
+        let mut dir_fd = None;
+        if rfs::FileType::from_raw_mode(stat.st_mode) == rfs::FileType::Directory {
+            let fd = rfs::openat(
+                &*parent_fd,
+                os_name,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(os)?;
+            // What was opened is what is described, even if the name just changed.
+            stat = rfs::fstat(&fd).map_err(os)?;
+            dir_fd = Some(fd);
+        }
         let attr = self.attr(&stat);
         if attr.ino != inode::STAGING {
-            let mut known = self.known.lock().expect("staging lock");
-            known
-                .entry(attr.ino)
-                .or_insert_with(|| Known {
-                    fd: Arc::new(fd),
-                    lookups: 0,
-                })
-                .lookups += 1;
+            self.remember(attr.ino, parent, name, dir_fd);
         }
         Ok(attr)
     }
@@ -250,66 +365,101 @@ impl StagingTree {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
-        let fd = self.fd(ino)?;
-        Ok(self.attr(&rfs::fstat(&*fd).map_err(os)?))
+        let attr = self.attr(&self.stat(&self.loc(ino)?)?);
+        if attr.ino != ino {
+            return Err(FsError::Stale);
+        }
+        Ok(attr)
     }
 
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
         self.check_not_frozen(ino)?;
-        let fd = self.fd(ino)?;
+        let loc = self.loc(ino)?;
+        let open_file = |handle: &Arc<Handle>| match &**handle {
+            Handle::File { file, .. } => Ok(file.try_clone().map_err(FsError::Os)?),
+            Handle::Dir(_) => Err(FsError::Stale),
+        };
         if let Some(mode) = set.mode {
-            rfs::chmodat(
-                rfs::CWD,
-                proc_path(&fd),
-                Mode::from_raw_mode(mode & 0o7777),
-                AtFlags::empty(),
-            )
+            let mode = Mode::from_raw_mode(mode & 0o7777);
+            match &loc {
+                Loc::Dir(fd) => rfs::chmodat(rfs::CWD, proc_path(&**fd), mode, AtFlags::empty()),
+                Loc::At(dir, name) => {
+                    rfs::chmodat(&**dir, OsStr::from_bytes(name), mode, AtFlags::empty())
+                }
+                Loc::Open(handle) => rfs::fchmod(open_file(handle)?, mode),
+            }
             .map_err(os)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
-            rfs::chownat(
-                &*fd,
-                "",
-                set.uid.map(rustix::process::Uid::from_raw),
-                set.gid.map(rustix::process::Gid::from_raw),
-                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-            )
+            let uid = set.uid.map(rustix::process::Uid::from_raw);
+            let gid = set.gid.map(rustix::process::Gid::from_raw);
+            match &loc {
+                Loc::Dir(fd) => rfs::chownat(
+                    &**fd,
+                    "",
+                    uid,
+                    gid,
+                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+                ),
+                Loc::At(dir, name) => rfs::chownat(
+                    &**dir,
+                    OsStr::from_bytes(name),
+                    uid,
+                    gid,
+                    AtFlags::SYMLINK_NOFOLLOW,
+                ),
+                Loc::Open(handle) => rfs::fchown(open_file(handle)?, uid, gid),
+            }
             .map_err(os)?;
         }
         if let Some(size) = set.size {
-            match set.fh.and_then(|fh| self.handle(fh)).as_deref() {
-                Some(Handle::File { file, .. }) => file.set_len(size).map_err(FsError::Os)?,
-                _ => {
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(proc_path(&fd))
-                        .map_err(FsError::Os)?
-                        .set_len(size)
-                        .map_err(FsError::Os)?;
-                }
-            }
+            let file = match (set.fh.and_then(|fh| self.handle(fh)), &loc) {
+                (Some(handle), _) => open_file(&handle)?,
+                (None, Loc::Open(handle)) => open_file(handle)?,
+                (None, Loc::At(dir, name)) => rfs::openat(
+                    &**dir,
+                    OsStr::from_bytes(name),
+                    OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(os)?
+                .into(),
+                (None, Loc::Dir(_)) => return Err(FsError::IsADirectory),
+            };
+            file.set_len(size).map_err(FsError::Os)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let times = Timestamps {
                 last_access: set.atime.map_or(OMIT, timespec),
                 last_modification: set.mtime.map_or(OMIT, timespec),
             };
-            rfs::utimensat(
-                &*fd,
-                "",
-                &times,
-                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-            )
+            match &loc {
+                Loc::Dir(fd) => rfs::utimensat(
+                    &**fd,
+                    "",
+                    &times,
+                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+                ),
+                Loc::At(dir, name) => rfs::utimensat(
+                    &**dir,
+                    OsStr::from_bytes(name),
+                    &times,
+                    AtFlags::SYMLINK_NOFOLLOW,
+                ),
+                Loc::Open(handle) => rfs::futimens(open_file(handle)?, &times),
+            }
             .map_err(os)?;
         }
         self.getattr(ino)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
-        let fd = self.fd(ino)?;
-        Ok(rfs::readlinkat(&*fd, "", Vec::new())
-            .map_err(os)?
-            .into_bytes())
+        match self.loc(ino)? {
+            Loc::At(dir, name) => Ok(rfs::readlinkat(&*dir, OsStr::from_bytes(&name), Vec::new())
+                .map_err(os)?
+                .into_bytes()),
+            _ => Err(FsError::InvalidArgument),
+        }
     }
 
     fn give_to(&self, parent: &OwnedFd, name: &OsStr, caller: Caller) {
@@ -357,15 +507,19 @@ impl StagingTree {
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
         self.check_not_frozen(new_parent)?;
-        let fd = self.fd(ino)?;
         let parent_fd = self.fd(new_parent)?;
-        rfs::linkat(
-            rfs::CWD,
-            proc_path(&fd),
-            &*parent_fd,
-            OsStr::from_bytes(new_name),
-            AtFlags::SYMLINK_FOLLOW,
-        )
+        let new_name_os = OsStr::from_bytes(new_name);
+        match self.loc(ino)? {
+            Loc::At(dir, name) => rfs::linkat(
+                &*dir,
+                OsStr::from_bytes(&name),
+                &*parent_fd,
+                new_name_os,
+                AtFlags::empty(),
+            ),
+            Loc::Dir(_) => return Err(FsError::NotPermitted("hard links to directories")),
+            Loc::Open(_) => return Err(FsError::Stale),
+        }
         .map_err(os)?;
         self.lookup(new_parent, new_name)
     }
@@ -373,7 +527,12 @@ impl StagingTree {
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
         self.check_child_not_frozen(parent, name)?;
         let fd = self.fd(parent)?;
-        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)
+        let victim = self.child_ino(&fd, name);
+        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)?;
+        if let Some(victim) = victim {
+            self.renamed(victim, (parent, name), None);
+        }
+        Ok(())
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
@@ -394,6 +553,8 @@ impl StagingTree {
         self.check_child_not_frozen(new_parent, new_name)?;
         let from = self.fd(parent)?;
         let to = self.fd(new_parent)?;
+        let moved = self.child_ino(&from, name);
+        let replaced = self.child_ino(&to, new_name);
         rfs::renameat_with(
             &*from,
             OsStr::from_bytes(name),
@@ -401,7 +562,18 @@ impl StagingTree {
             OsStr::from_bytes(new_name),
             rfs::RenameFlags::from_bits_retain(flags),
         )
-        .map_err(os)
+        .map_err(os)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if let Some(replaced) = replaced
+            && Some(replaced) != moved
+        {
+            let back = exchange.then_some((parent, name));
+            self.renamed(replaced, (new_parent, new_name), back);
+        }
+        if let Some(moved) = moved {
+            self.renamed(moved, (parent, name), Some((new_parent, new_name)));
+        }
+        Ok(())
     }
 
     /// Keeps `file` as a new handle; returns it with a second descriptor of the file,
@@ -437,7 +609,7 @@ impl StagingTree {
     /// backing file).
     pub fn open(&self, ino: u64, flags: i32) -> Result<(u64, File), FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        let fd = self.fd(ino)?;
+        let loc = self.loc(ino)?;
         // The frozen check and the handle's registration happen under the handles
         // lock, which `freeze` also takes: a seal cannot start between the two and miss
         // a writer.
@@ -446,11 +618,20 @@ impl StagingTree {
             self.check_not_frozen(ino)?;
         }
         let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
-        let file: File = rfs::open(
-            proc_path(&fd),
-            OFlags::from_bits_retain(keep as u32) | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
+        let flags = OFlags::from_bits_retain(keep as u32) | OFlags::CLOEXEC;
+        let file: File = match &loc {
+            Loc::At(dir, name) => rfs::openat(
+                &**dir,
+                OsStr::from_bytes(name),
+                flags | OFlags::NOFOLLOW,
+                Mode::empty(),
+            ),
+            Loc::Dir(fd) => rfs::open(proc_path(&**fd), flags, Mode::empty()),
+            Loc::Open(handle) => match &**handle {
+                Handle::File { file, .. } => rfs::open(proc_path(file), flags, Mode::empty()),
+                Handle::Dir(_) => return Err(FsError::Stale),
+            },
+        }
         .map_err(os)?
         .into();
         let (fh, backing) = self.register_file(&mut handles, file, ino, writable)?;

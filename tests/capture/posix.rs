@@ -51,6 +51,38 @@ fn mount() -> (TestStore, MountedStore) {
     (store, mount)
 }
 
+/// Staging holds a descriptor per directory, not per file: a workspace with many more
+/// files than the daemon may open still copies in and seals.
+#[test]
+fn a_workspace_larger_than_the_open_file_limit_fills_staging() {
+    let store = TestStore::s3();
+    let mount = Mount::new(&store).staging().open_file_limit(256).start();
+    let work = repo_temp_dir("capture-many-");
+    let src = work.path().join("src");
+    for dir in 0..20 {
+        let dir_path = src.join(format!("d{dir:02}"));
+        fs::create_dir_all(&dir_path).unwrap();
+        for file in 0..50 {
+            fs::write(
+                dir_path.join(format!("f{file:02}")),
+                format!("{dir}/{file}"),
+            )
+            .unwrap();
+        }
+    }
+    let staged = mount.staged("many");
+    fs::create_dir(&staged).unwrap();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", src.display()))
+        .arg(&staged))
+    .success();
+    assert_same_tree(&src, &staged);
+    fs::rename(&staged, mount.committed("many"))
+        .unwrap_or_else(|e| panic!("seal 1,000 files: {e}\n{}", mount.log_excerpt()));
+    assert_same_tree(&src, &mount.join(mount.commit_target("many")));
+}
+
 #[test]
 fn fsx_random_io_on_a_staged_file_matches_a_model() {
     const OPS: usize = 4000;

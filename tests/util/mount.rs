@@ -39,6 +39,7 @@ pub struct Mount {
     cache_dir: Option<PathBuf>,
     staging: bool,
     endpoint: Option<String>,
+    open_file_limit: Option<u64>,
     args: Vec<OsString>,
 }
 
@@ -49,6 +50,7 @@ impl Mount {
             cache_dir: None,
             staging: false,
             endpoint: None,
+            open_file_limit: None,
             args: Vec::new(),
         }
     }
@@ -94,6 +96,13 @@ impl Mount {
         self
     }
 
+    /// Starts the daemon with this limit on open files (soft and hard), which it
+    /// cannot raise.
+    pub fn open_file_limit(mut self, limit: u64) -> Self {
+        self.open_file_limit = Some(limit);
+        self
+    }
+
     /// Mounts, and returns once the mount shows in `/proc/self/mountinfo`.
     #[track_caller]
     pub fn start(self) -> MountedStore {
@@ -122,6 +131,23 @@ impl Mount {
             .stderr(log_file);
         if let Some(endpoint) = &self.endpoint {
             cmd.env("AWS_ENDPOINT_URL", endpoint);
+        }
+        if let Some(limit) = self.open_file_limit {
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            // SAFETY: setrlimit is async-signal-safe and only reads `rlimit`, which the
+            // closure owns.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         let child = cmd
             .spawn()
