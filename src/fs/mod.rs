@@ -123,6 +123,9 @@ struct State {
     by_time_names: HashMap<Vec<u8>, u64>,
     listing_error: Option<String>,
     listed_at: Option<SystemTime>,
+    /// When the set of listed checkpoints last changed: the root's and `by-time/`'s
+    /// mtime, by which the kernel knows to drop its cached listings of them.
+    changed_at: Option<SystemTime>,
 }
 
 impl State {
@@ -241,6 +244,9 @@ impl CheckpointFs {
                     slot.listed = true;
                     order.push(index);
                 }
+                if state.order != order {
+                    state.changed_at = Some(SystemTime::now());
+                }
                 state.order = order;
                 state.listing_error = None;
                 state.listed_at = Some(SystemTime::now());
@@ -304,6 +310,7 @@ impl CheckpointFs {
         if !state.slots[slot].listed {
             state.slots[slot].listed = true;
             state.order.push(slot);
+            state.changed_at = Some(SystemTime::now());
         }
         if let Some(verified) = verified
             && !matches!(state.slots[slot].load, Load::Loading(_))
@@ -509,11 +516,7 @@ impl CheckpointFs {
             return Ok(self.virtual_link(ino, 3 + 64, self.mounted_at));
         }
         let state = self.lock();
-        let newest = state
-            .order
-            .last()
-            .map(|&s| state.slots[s].info.last_modified);
-        let root_mtime = newest.unwrap_or(self.mounted_at);
+        let root_mtime = state.changed_at.unwrap_or(self.mounted_at);
         Ok(match inode {
             Inode::Root => {
                 self.virtual_dir(ino, root_mtime, 2 + state.order.len() as u32 + 3, 0o755)
@@ -635,39 +638,28 @@ impl CheckpointFs {
         }
     }
 
-    /// Opens directory `ino` for listing; returns the handle to list it with.
-    /// Opening a checkpoint's directory is what verifies it: a bad checkpoint answers
-    /// EIO here, before any entry is listed.
-    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
-        if StagingTree::owns_inode(ino) {
-            return self.staging.opendir(ino);
-        }
+    /// Checks that directory `ino` can be listed. Opening a checkpoint's directory is
+    /// what verifies it: a bad checkpoint answers EIO.
+    pub fn opendir(&self, ino: u64) -> Result<(), FsError> {
         if self.getattr(ino)?.kind != FileKind::Directory {
             return Err(FsError::NotADirectory);
         }
         if let Some(Inode::Node { slot, .. }) = Inode::decode(ino) {
             self.checkpoint(slot)?;
         }
-        Ok(0)
+        Ok(())
     }
 
-    pub fn releasedir(&self, fh: u64) {
-        if StagingTree::owns_handle(fh) {
-            self.staging.release(fh);
-        }
-    }
-
-    /// Calls `add(entry, next_offset)` for the entries of directory `ino` (opened as
-    /// `fh`) from `offset` on, until it returns true (the reply buffer is full).
+    /// Calls `add(entry, next_offset)` for the entries of directory `ino` from
+    /// `offset` on, until it returns true (the reply buffer is full).
     pub fn readdir(
         &self,
         ino: u64,
-        fh: u64,
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, u64) -> bool,
     ) -> Result<(), FsError> {
-        if StagingTree::owns_handle(fh) {
-            return self.staging.readdir(fh, offset, add);
+        if StagingTree::owns_inode(ino) {
+            return self.staging.readdir(ino, offset, add);
         }
         let listing = |entries: &Arc<Vec<DirEntry>>,
                        add: &mut dyn FnMut(&DirEntry, u64) -> bool| {

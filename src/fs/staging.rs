@@ -82,13 +82,11 @@ enum Loc {
     Open(Arc<Handle>),
 }
 
-enum Handle {
-    File {
-        file: File,
-        ino: u64,
-        writable: bool,
-    },
-    Dir(Arc<Vec<DirEntry>>),
+/// An open file.
+struct Handle {
+    file: File,
+    ino: u64,
+    writable: bool,
 }
 
 pub struct StagingTree {
@@ -97,6 +95,8 @@ pub struct StagingTree {
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Directory listings being read, by directory.
+    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     next_fh: AtomicU64,
     frozen: Mutex<HashSet<u64>>,
     /// Whether new entries can be given to their caller (the daemon runs as root).
@@ -158,6 +158,7 @@ impl StagingTree {
             root_ino,
             known: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             frozen: Mutex::new(HashSet::new()),
             can_chown: rustix::process::geteuid().is_root(),
@@ -221,7 +222,7 @@ impl StagingTree {
         let handles = self.handles.lock().expect("handles lock");
         handles
             .values()
-            .find(|h| matches!(***h, Handle::File { ino: i, .. } if i == ino))
+            .find(|h| matches!(***h, Handle { ino: i, .. } if i == ino))
             .map(|h| Loc::Open(Arc::clone(h)))
             .ok_or(FsError::Stale)
     }
@@ -232,10 +233,7 @@ impl StagingTree {
             Loc::At(dir, name) => {
                 rfs::statat(&**dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
             }
-            Loc::Open(handle) => match &**handle {
-                Handle::File { file, .. } => rfs::fstat(file),
-                Handle::Dir(_) => return Err(FsError::Stale),
-            },
+            Loc::Open(handle) => rfs::fstat(&handle.file),
         }
         .map_err(os)
     }
@@ -375,10 +373,7 @@ impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
         self.check_not_frozen(ino)?;
         let loc = self.loc(ino)?;
-        let open_file = |handle: &Arc<Handle>| match &**handle {
-            Handle::File { file, .. } => Ok(file.try_clone().map_err(FsError::Os)?),
-            Handle::Dir(_) => Err(FsError::Stale),
-        };
+        let open_file = |handle: &Arc<Handle>| handle.file.try_clone().map_err(FsError::Os);
         if let Some(mode) = set.mode {
             let mode = Mode::from_raw_mode(mode & 0o7777);
             match &loc {
@@ -587,22 +582,13 @@ impl StagingTree {
     ) -> Result<(u64, File), FsError> {
         let backing = file.try_clone().map_err(FsError::Os)?;
         let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let handle = Handle::File {
+        let handle = Handle {
             file,
             ino,
             writable,
         };
         handles.insert(fh, Arc::new(handle));
         Ok((fh, backing))
-    }
-
-    fn new_handle(&self, handle: Handle) -> u64 {
-        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .expect("handles lock")
-            .insert(fh, Arc::new(handle));
-        fh
     }
 
     /// Opens a file; returns the handle and the open file (usable as a passthrough
@@ -627,10 +613,7 @@ impl StagingTree {
                 Mode::empty(),
             ),
             Loc::Dir(fd) => rfs::open(proc_path(&**fd), flags, Mode::empty()),
-            Loc::Open(handle) => match &**handle {
-                Handle::File { file, .. } => rfs::open(proc_path(file), flags, Mode::empty()),
-                Handle::Dir(_) => return Err(FsError::Stale),
-            },
+            Loc::Open(handle) => rfs::open(proc_path(&handle.file), flags, Mode::empty()),
         }
         .map_err(os)?
         .into();
@@ -675,7 +658,7 @@ impl StagingTree {
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let handle = self.handle(fh);
-        let Some(Handle::File { file, .. }) = handle.as_deref() else {
+        let Some(Handle { file, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
         crate::cache::read_at(file, offset, size as usize).map_err(FsError::Os)
@@ -683,7 +666,7 @@ impl StagingTree {
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let handle = self.handle(fh);
-        let Some(Handle::File { file, ino, .. }) = handle.as_deref() else {
+        let Some(Handle { file, ino, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
         self.check_not_frozen(*ino)?;
@@ -692,7 +675,7 @@ impl StagingTree {
     }
 
     pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
-        if let Some(Handle::File { file, .. }) = self.handle(fh).as_deref() {
+        if let Some(Handle { file, .. }) = self.handle(fh).as_deref() {
             file.sync_all().map_err(FsError::Os)?;
         }
         Ok(())
@@ -702,8 +685,41 @@ impl StagingTree {
         self.handles.lock().expect("handles lock").remove(&fh);
     }
 
-    /// Reads a directory once, at open, so that offsets stay valid while it is listed.
-    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+    /// Lists directory `ino` from `offset`. The kernel opens directories without
+    /// asking the daemon (see `fuse.rs`), so a listing is read whole when it starts
+    /// (offset 0) and kept, per directory, until it has been read to its end: offsets
+    /// stay valid while it is listed.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let entries = {
+            let mut listings = self.listings.lock().expect("listings lock");
+            match listings.get(&ino) {
+                Some(entries) if offset != 0 => Arc::clone(entries),
+                _ => {
+                    let entries = Arc::new(self.read_dir(ino)?);
+                    listings.insert(ino, Arc::clone(&entries));
+                    entries
+                }
+            }
+        };
+        let mut full = false;
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            if add(entry, i as u64 + 1) {
+                full = true;
+                break;
+            }
+        }
+        if !full {
+            self.listings.lock().expect("listings lock").remove(&ino);
+        }
+        Ok(())
+    }
+
+    fn read_dir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
         let fd = self.fd(ino)?;
         let dir_fd = rfs::openat(
             &*fd,
@@ -733,25 +749,7 @@ impl StagingTree {
                 name: name.to_vec(),
             });
         }
-        Ok(self.new_handle(Handle::Dir(Arc::new(entries))))
-    }
-
-    pub fn readdir(
-        &self,
-        fh: u64,
-        offset: u64,
-        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
-    ) -> Result<(), FsError> {
-        let entries = match self.handle(fh).as_deref() {
-            Some(Handle::Dir(entries)) => Arc::clone(entries),
-            _ => return Err(FsError::BadHandle),
-        };
-        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-            if add(entry, i as u64 + 1) {
-                break;
-            }
-        }
-        Ok(())
+        Ok(entries)
     }
 
     pub fn statfs(&self) -> Result<rfs::StatVfs, FsError> {
@@ -773,7 +771,7 @@ impl StagingTree {
         let set: HashSet<u64> = inodes.iter().copied().collect();
         let busy = handles
             .values()
-            .any(|h| matches!(**h, Handle::File { ino, writable: true, .. } if set.contains(&ino)));
+            .any(|h| matches!(**h, Handle { ino, writable: true, .. } if set.contains(&ino)));
         if busy {
             return Err(FsError::Busy);
         }

@@ -61,9 +61,9 @@ fn fixture(trees: &[&[(&str, &[u8])]]) -> (Fixture, Vec<CheckpointId>) {
 }
 
 fn names(fs: &CheckpointFs, ino: u64) -> Vec<String> {
-    let fh = fs.opendir(ino).unwrap();
+    fs.opendir(ino).unwrap();
     let mut names = Vec::new();
-    fs.readdir(ino, fh, 0, &mut |e, _| {
+    fs.readdir(ino, 0, &mut |e, _| {
         names.push(String::from_utf8_lossy(&e.name).into_owned());
         false
     })
