@@ -1,7 +1,5 @@
 //! The one place where filesystem errors become errno values.
 
-use crate::cache::CacheError;
-
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("no such entry")]
@@ -18,8 +16,6 @@ pub enum FsError {
     BadHandle,
     #[error("checkpoint {id} is unavailable: {reason}")]
     Unverified { id: String, reason: String },
-    #[error("checkpoint {id}: {cause}")]
-    Cache { id: String, cause: CacheError },
     /// Reading a verified checkpoint from the cache failed: never the caller's fault.
     #[error("reading the cache: {0}")]
     Io(std::io::Error),
@@ -51,10 +47,7 @@ impl FsError {
             FsError::IsADirectory => libc::EISDIR,
             FsError::NotASymlink => libc::EINVAL,
             FsError::BadHandle => libc::EBADF,
-            FsError::Unverified { .. }
-            | FsError::Cache { .. }
-            | FsError::Io(_)
-            | FsError::Store(_) => libc::EIO,
+            FsError::Unverified { .. } | FsError::Io(_) | FsError::Store(_) => libc::EIO,
             FsError::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::Stale => libc::ESTALE,
             FsError::Busy => libc::EBUSY,
