@@ -2,10 +2,12 @@
 //! an in-memory model, the usual edge cases, and the tools that build workspaces.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+
+use ckptfs::cache::read_at;
 
 use super::sh;
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
@@ -28,21 +30,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-/// Reads up to `len` bytes at `offset`, stopping early only at end of file.
-fn read_at_most(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut filled = 0;
-    while filled < len {
-        let n = file.read_at(&mut buf[filled..], offset + filled as u64)?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
-    }
-    buf.truncate(filled);
-    Ok(buf)
 }
 
 fn mount() -> (TestStore, MountedStore) {
@@ -158,7 +145,7 @@ fn fsx_random_io_on_a_staged_file_matches_a_model() {
                 let len = 1 + rng.below(MAX_IO);
                 let offset = rng.below(model.len() as u64 + MAX_IO);
                 history.push(format!("read {len} at {offset} (size {})", model.len()));
-                let got = read_at_most(f, offset, len as usize)
+                let got = read_at(f, offset, len as usize)
                     .unwrap_or_else(|e| panic!("read: {e}; {}", context(&history)));
                 let start = (offset as usize).min(model.len());
                 let end = (offset + len).min(model.len() as u64) as usize;
@@ -408,7 +395,7 @@ fn a_file_can_be_open_several_times_at_once() {
     writer.write_all_at(b"ab", 0).unwrap();
     appender.write_all(b"xyz").unwrap();
     for reader in [&first, &second] {
-        assert_eq!(read_at_most(reader, 0, 64).unwrap(), b"ab23456789xyz");
+        assert_eq!(read_at(reader, 0, 64).unwrap(), b"ab23456789xyz");
     }
     drop((first, second, writer, appender));
     assert_eq!(fs::read(path).unwrap(), b"ab23456789xyz");
@@ -423,7 +410,7 @@ fn a_file_can_be_open_several_times_at_once() {
     let first = File::open(&sealed).expect("open a checkpoint's file");
     let second = File::open(&sealed).expect("open a checkpoint's file a second time");
     for reader in [&first, &second] {
-        assert!(read_at_most(reader, 0, big.len()).unwrap() == big);
+        assert!(read_at(reader, 0, big.len()).unwrap() == big);
     }
 }
 
