@@ -348,8 +348,11 @@ pub fn get(
             "create a temporary file in {}",
             temp_dir.display()
         )))?;
-    copy_with_progress(&mut reader, temp.as_file_mut(), progress)
-        .map_err(io_err(format!("download checkpoint {id}")))?;
+    let announced = reader.announced;
+    copy_with_progress(&mut reader, temp.as_file_mut(), &|done| {
+        progress(done, announced)
+    })
+    .map_err(io_err(format!("download checkpoint {id}")))?;
     reader.finish()?;
     let file = temp.reopen().map_err(io_err("reopen download".into()))?;
     let tar = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, file));
@@ -359,7 +362,7 @@ pub fn get(
 fn copy_with_progress(
     reader: &mut impl Read,
     writer: &mut impl io::Write,
-    progress: Progress<'_>,
+    progress: &dyn Fn(u64),
 ) -> io::Result<u64> {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;

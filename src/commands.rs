@@ -69,10 +69,8 @@ fn put(cli: &Cli, args: &PutArgs) -> Result<i32> {
             temp_dir: &temp_dir(&args.temp_dir),
             threads: compression_threads(),
         },
-        &|done| {
-            if upload.length() == Some(0) {
-                upload.set_length(done.max(1));
-            }
+        &|done, total| {
+            upload.set_length(total);
             upload.set_position(done)
         },
     )
@@ -101,7 +99,10 @@ fn get(cli: &Cli, args: &GetArgs) -> Result<i32> {
         &id,
         &args.dest,
         &temp_dir(&args.temp_dir),
-        &|done| download.set_position(done),
+        &|done, total| {
+            download.set_length(total);
+            download.set_position(done)
+        },
     )
     .with_context(|| {
         format!(

@@ -131,7 +131,7 @@ impl CheckpointFs {
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;
         let report =
-            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_| {})
+            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {})
                 .map_err(seal_error)?;
         let info = CheckpointInfo {
             id: report.id.clone(),

@@ -29,7 +29,7 @@ fn fixture(trees: &[&[(&str, &[u8])]]) -> (Fixture, Vec<CheckpointId>) {
             temp_dir: cache_dir.path(),
             threads: 1,
         };
-        let report = checkpoint::put(store.as_ref(), tree.path(), &options, &|_| {}).unwrap();
+        let report = checkpoint::put(store.as_ref(), tree.path(), &options, &|_, _| {}).unwrap();
         ids.push(report.id);
     }
     let cache = Arc::new(Cache::open(&cache_dir.path().join("cache"), 1 << 30).unwrap());

@@ -159,7 +159,7 @@ impl ObjectStore for LocalStore {
         let object_tmp = self.temp_file(|f| {
             let mut src = File::open(path)?;
             let copied = io::copy(&mut src, f)?;
-            progress(copied);
+            progress(copied, copied);
             Ok(())
         })?;
         let sidecar = self.sidecar(name);

@@ -59,8 +59,9 @@ pub enum PutOutcome {
     AlreadyPresent,
 }
 
-/// Reports bytes transferred so far; called from the thread doing the transfer.
-pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+/// Reports `(bytes transferred so far, bytes in all)`; called from the thread doing
+/// the transfer.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

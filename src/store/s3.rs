@@ -294,7 +294,7 @@ impl S3Store {
                     .build(),
             );
             done += length;
-            progress(done);
+            progress(done, size);
         }
         parts.sort_by_key(|p| p.part_number());
         Ok(parts)
@@ -403,7 +403,7 @@ impl ObjectStore for S3Store {
                     .await
             } else {
                 let outcome = self.put_single(name, path, &user_metadata).await?;
-                progress(metadata.size);
+                progress(metadata.size, metadata.size);
                 Ok(outcome)
             }
         })
