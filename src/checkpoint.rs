@@ -9,14 +9,17 @@
 
 use std::fmt;
 use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
 use crate::archive::writer::{self, WriterOptions};
-use crate::archive::{self, ArchiveError};
-use crate::store::{CheckpointMetadata, ObjectInfo, ObjectStore, Progress, PutOutcome, StoreError};
+use crate::archive::{self, ArchiveError, Limits};
+use crate::store::{
+    CheckpointMetadata, ObjectInfo, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
+};
 
 /// The SHA-256 of a checkpoint object, as 64 lowercase hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -254,7 +257,31 @@ pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), Checkpoi
 pub struct PutReport {
     pub id: CheckpointId,
     pub size: u64,
-    pub outcome: PutOutcome,
+    pub outcome: StoreOutcome,
+}
+
+/// How a checkpoint came to be in the store, good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Stored,
+    /// The object was there already, and verified.
+    AlreadyPresent,
+    /// The object was there but damaged (`reason`), and was replaced.
+    Replaced {
+        reason: String,
+    },
+}
+
+impl fmt::Display for StoreOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreOutcome::Stored => f.write_str("stored"),
+            StoreOutcome::AlreadyPresent => f.write_str("already present, verified"),
+            StoreOutcome::Replaced { reason } => {
+                write!(f, "stored over a damaged copy ({reason})")
+            }
+        }
+    }
 }
 
 pub struct PutOptions<'a> {
@@ -271,14 +298,36 @@ pub fn put(
     options: &PutOptions<'_>,
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
-    let (archive, written) = write_archive_file(dir, options, &mut io::sink())?;
+    let root = open_tree(dir)?;
+    let (archive, written) = write_archive_file(root.as_fd(), options, &mut io::sink())?;
     store_archive(store, archive.path(), &written, progress)
+}
+
+/// Opens the directory to capture. The path is the caller's own and may go through
+/// symlinks; nothing below it is ever followed.
+fn open_tree(dir: &Path) -> Result<std::os::fd::OwnedFd, CheckpointError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOTDIR => CheckpointError::Archive(ArchiveError::Source {
+            path: dir.to_owned(),
+            reason: "not a directory".into(),
+        }),
+        e => CheckpointError::Io {
+            context: format!("open {}", dir.display()),
+            cause: e.into(),
+        },
+    })
 }
 
 /// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way;
 /// the uncompressed tar stream is also copied to `tar_copy`.
 pub fn write_archive_file(
-    dir: &Path,
+    dir: BorrowedFd<'_>,
     options: &PutOptions<'_>,
     tar_copy: &mut dyn io::Write,
 ) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
@@ -301,7 +350,10 @@ pub fn write_archive_file(
     Ok((temp, written))
 }
 
-/// Stores an archive already written (and hashed) at `path`.
+/// Stores an archive already written (and hashed) at `path`. When the store already
+/// has an object of that name, the object is downloaded and verified first: only a
+/// good copy counts as "already present" (callers may then discard the only other
+/// copy of the tree, a staged workspace). A damaged or planted one is replaced.
 pub fn store_archive(
     store: &dyn ObjectStore,
     path: &Path,
@@ -310,18 +362,28 @@ pub fn store_archive(
 ) -> Result<PutReport, CheckpointError> {
     let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
     let name = id.object_name();
-    let outcome = if store.exists(&name)? {
-        PutOutcome::AlreadyPresent
+    let metadata = CheckpointMetadata {
+        sha256: written.sha256.clone(),
+        size: written.size,
+    };
+    let stored = !store.exists(&name)?
+        && store.put(&name, path, &metadata, PutMode::IfAbsent, progress)? == PutOutcome::Stored;
+    // Otherwise it was there, or a concurrent writer just stored it: only a good copy
+    // counts.
+    let outcome = if stored {
+        StoreOutcome::Stored
     } else {
-        store.put(
-            &name,
-            path,
-            &CheckpointMetadata {
-                sha256: written.sha256.clone(),
-                size: written.size,
-            },
-            progress,
-        )?
+        match verify(store, &id) {
+            Ok(()) => StoreOutcome::AlreadyPresent,
+            Err(CheckpointError::Verify { failure, .. }) => {
+                tracing::warn!(checkpoint = %id, reason = %failure, "the stored object is damaged; replacing it");
+                store.put(&name, path, &metadata, PutMode::Overwrite, progress)?;
+                StoreOutcome::Replaced {
+                    reason: failure.to_string(),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
     Ok(PutReport {
         id,
@@ -330,17 +392,25 @@ pub fn store_archive(
     })
 }
 
+pub struct GetOptions<'a> {
+    pub max_archive_size: u64,
+    pub limits: Limits,
+    /// Where the archive is downloaded before it is verified.
+    pub temp_dir: &'a Path,
+}
+
 /// Downloads a checkpoint to a temporary file, verifies it, and only then extracts it
-/// into `dest`.
+/// into `dest`, within the limits.
 pub fn get(
     store: &dyn ObjectStore,
     id: &CheckpointId,
     dest: &Path,
-    temp_dir: &Path,
+    options: &GetOptions<'_>,
     progress: Progress<'_>,
 ) -> Result<archive::extract::ExtractSummary, CheckpointError> {
     let io_err = |context: String| move |cause| CheckpointError::Io { context, cause };
-    let mut reader = open(store, id, u64::MAX)?;
+    let temp_dir = options.temp_dir;
+    let mut reader = open(store, id, options.max_archive_size)?;
     let mut temp = tempfile::Builder::new()
         .prefix(".ckptfs-get-")
         .tempfile_in(temp_dir)
@@ -356,7 +426,7 @@ pub fn get(
     reader.finish()?;
     let file = temp.reopen().map_err(io_err("reopen download".into()))?;
     let tar = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, file));
-    Ok(archive::extract::extract(tar, dest)?)
+    Ok(archive::extract::extract(tar, dest, options.limits)?)
 }
 
 fn copy_with_progress(

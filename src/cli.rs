@@ -78,6 +78,28 @@ pub struct GetArgs {
     /// Where the archive is downloaded before it is verified and extracted.
     #[arg(long, value_name = "DIR")]
     pub temp_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Bounds on what one checkpoint may unpack to; the same for `get` and the mount.
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Largest total size of one checkpoint's files once unpacked.
+    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_unpacked_size: u64,
+    /// Largest number of entries in one checkpoint (directories implied by paths count).
+    #[arg(long, default_value = "2000000", value_name = "N")]
+    pub max_entries: u64,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> crate::archive::Limits {
+        crate::archive::Limits {
+            max_entries: self.max_entries,
+            max_unpacked_bytes: self.max_unpacked_size,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -115,12 +137,8 @@ pub struct MountArgs {
     /// Seconds between listings of the store.
     #[arg(long, default_value = "5", value_parser = parse_seconds, value_name = "SECONDS")]
     pub refresh: Duration,
-    /// Largest total size of one checkpoint's files once unpacked.
-    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
-    pub max_unpacked_size: u64,
-    /// Largest number of entries in one checkpoint.
-    #[arg(long, default_value = "2000000", value_name = "N")]
-    pub max_entries: u64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Stay in the foreground instead of daemonizing once the mount is ready.
     #[arg(short, long)]
     pub foreground: bool,
@@ -183,6 +201,15 @@ mod tests {
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
         assert!(parse_size("5 parsecs").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn limit_defaults_are_the_library_defaults() {
+        let cli = Cli::try_parse_from(["ckptfs", "get", "store", "abc", "dest"]).unwrap();
+        let Command::Get(args) = cli.command else {
+            panic!("parsed as another command")
+        };
+        assert_eq!(args.limits.limits(), crate::archive::Limits::DEFAULT);
     }
 
     #[test]

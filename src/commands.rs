@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::checkpoint::{self, CheckpointError, PutOptions};
+use crate::checkpoint::{self, CheckpointError, GetOptions, PutOptions, StoreOutcome};
 use crate::cli::{Cli, Command, GetArgs, LsArgs, PutArgs, VerifyArgs};
-use crate::store::{self, ObjectStore, PutOutcome, S3Options};
+use crate::store::{self, ObjectStore, S3Options};
 
 /// Runs one command. Returns the process exit code for outcomes that are not errors
 /// of the command itself (a failed verification).
@@ -59,6 +59,11 @@ fn put(cli: &Cli, args: &PutArgs) -> Result<i32> {
     if args.part_size < store::s3::MIN_PART_SIZE {
         bail!("--part-size must be at least 5MiB (S3's smallest part)");
     }
+    if !args.store.contains("://") && !std::path::Path::new(&args.store).exists() {
+        std::fs::create_dir_all(&args.store)
+            .with_context(|| format!("cannot create the store directory {}", args.store))?;
+        eprintln!("created the store directory {}", args.store);
+    }
     let store = open_store(cli, &args.store, args.part_size)?;
     let upload = bar(0, "uploading");
     let report = checkpoint::put(
@@ -78,14 +83,19 @@ fn put(cli: &Cli, args: &PutArgs) -> Result<i32> {
     upload.finish_and_clear();
     println!("{} {}", report.id, report.size);
     match report.outcome {
-        PutOutcome::AlreadyPresent => {
-            eprintln!(
-                "checkpoint {} already present in {}; nothing uploaded",
-                report.id,
-                store.describe()
-            )
+        StoreOutcome::AlreadyPresent => eprintln!(
+            "checkpoint {} already present in {} (verified); nothing uploaded",
+            report.id,
+            store.describe()
+        ),
+        StoreOutcome::Stored => {
+            eprintln!("stored checkpoint {} in {}", report.id, store.describe())
         }
-        PutOutcome::Stored => eprintln!("stored checkpoint {} in {}", report.id, store.describe()),
+        StoreOutcome::Replaced { reason } => eprintln!(
+            "stored checkpoint {} in {}, replacing a damaged copy ({reason})",
+            report.id,
+            store.describe()
+        ),
     }
     Ok(0)
 }
@@ -98,7 +108,11 @@ fn get(cli: &Cli, args: &GetArgs) -> Result<i32> {
         store.as_ref(),
         &id,
         &args.dest,
-        &temp_dir(&args.temp_dir),
+        &GetOptions {
+            max_archive_size: cli.max_archive_size,
+            limits: args.limits.limits(),
+            temp_dir: &temp_dir(&args.temp_dir),
+        },
         &|done, total| {
             download.set_length(total);
             download.set_position(done)

@@ -7,6 +7,7 @@
 //! checkpoints and verifies them on top of a store.
 
 pub mod archive;
+pub mod beneath;
 pub mod cache;
 pub mod checkpoint;
 pub mod cli;

@@ -13,7 +13,11 @@
 //! Set-user/group-ID bits are dropped. Every content byte gets an xxh3 checksum, so a
 //! cache entry damaged on disk is detected when it is loaded again.
 //!
-//! Limits on entry count and unpacked size stop hostile archives (gzip bombs) early.
+//! The archive is read with [`super::for_each_entry`], so its limits hold: entries
+//! (implicit directories too) and unpacked bytes are counted, and no record is
+//! buffered beyond a fixed cap. The tree is built in memory from names alone: nothing
+//! an archive says is ever used as a path on disk (contents go to `files/<node>` and
+//! `pack`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -25,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tar::EntryType;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{EntryMeta, display_path, entry_meta, extract::clean_path};
+use super::{ArchiveError, Entry, EntryMeta, Limits, Tally, clean_path, display_path, entry_meta};
 
 /// Files at least this large are stored in a file of their own.
 pub const OWN_FILE_THRESHOLD: u64 = 64 * 1024;
@@ -111,22 +115,8 @@ pub fn create_private(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_entries: u64,
-    pub max_unpacked_bytes: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum IndexError {
-    #[error("the archive has more than {0} entries")]
-    TooManyEntries(u64),
-    #[error("the archive unpacks to more than {0} bytes")]
-    TooLarge(u64),
-    #[error("the archive is not a valid tar.gz: {0}")]
-    Corrupt(io::Error),
-    #[error("cannot write the cache ({}): {cause}", path.display())]
-    Cache { path: PathBuf, cause: io::Error },
+fn cache_error(path: &Path) -> impl FnOnce(io::Error) -> ArchiveError {
+    ArchiveError::io(format!("cannot write the cache ({})", path.display()))
 }
 
 struct Builder<'a> {
@@ -138,9 +128,7 @@ struct Builder<'a> {
     pack_len: u64,
     /// Bytes written to own files so far.
     own_len: u64,
-    limits: Limits,
     default_mtime: i64,
-    entries: u64,
 }
 
 /// Reads the whole tar stream, writing contents under `out_dir` (which must exist and
@@ -150,13 +138,13 @@ pub fn build(
     out_dir: &Path,
     limits: Limits,
     default_mtime: i64,
-) -> Result<Index, IndexError> {
-    let cache_err = |path: PathBuf| move |cause| IndexError::Cache { path, cause };
+) -> Result<Index, ArchiveError> {
     fs::DirBuilder::new()
         .mode(0o700)
         .create(out_dir.join("files"))
-        .map_err(cache_err(out_dir.join("files")))?;
-    let pack_file = create_private(&pack_path(out_dir)).map_err(cache_err(pack_path(out_dir)))?;
+        .map_err(cache_error(&out_dir.join("files")))?;
+    let pack_file =
+        create_private(&pack_path(out_dir)).map_err(cache_error(&pack_path(out_dir)))?;
     let mut builder = Builder {
         out_dir,
         nodes: Vec::new(),
@@ -164,16 +152,10 @@ pub fn build(
         pack: BufWriter::with_capacity(1 << 20, pack_file),
         pack_len: 0,
         own_len: 0,
-        limits,
         default_mtime,
-        entries: 0,
     };
     builder.new_dir(0o755, 0, 0, default_mtime);
-    let mut archive = tar::Archive::new(tar);
-    for entry in archive.entries().map_err(IndexError::Corrupt)? {
-        let entry = entry.map_err(IndexError::Corrupt)?;
-        builder.add(entry)?;
-    }
+    super::for_each_entry(tar, limits, |entry, tally| builder.add(entry, tally))?;
     builder.finish()
 }
 
@@ -203,22 +185,23 @@ impl Builder<'_> {
         self.children[dir as usize].as_ref()?.get(name).copied()
     }
 
-    /// The directory at `parts`, creating missing ones; `None` if a non-directory is in
-    /// the way (tar would fail that entry too).
-    fn dir_at(&mut self, parts: &[&[u8]]) -> Option<u32> {
+    /// The directory at `parts`, creating missing ones (each counts as an entry);
+    /// `None` if a non-directory is in the way (tar would fail that entry too).
+    fn dir_at(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Result<Option<u32>, ArchiveError> {
         let mut dir = ROOT;
         for part in parts {
             dir = match self.child(dir, part) {
                 Some(child) if self.children[child as usize].is_some() => child,
-                Some(_) => return None,
+                Some(_) => return Ok(None),
                 None => {
+                    tally.entry()?;
                     let child = self.new_dir(0o755, 0, 0, self.default_mtime);
                     self.link(dir, part, child);
                     child
                 }
             };
         }
-        Some(dir)
+        Ok(Some(dir))
     }
 
     /// Points `dir/name` at `node`, unlinking whatever was there.
@@ -233,11 +216,11 @@ impl Builder<'_> {
         }
     }
 
-    fn add<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> Result<(), IndexError> {
-        self.entries += 1;
-        if self.entries > self.limits.max_entries {
-            return Err(IndexError::TooManyEntries(self.limits.max_entries));
-        }
+    fn add<R: Read>(
+        &mut self,
+        entry: &mut Entry<'_, R>,
+        tally: &mut Tally,
+    ) -> Result<(), ArchiveError> {
         let raw = entry.path_bytes().into_owned();
         let trimmed = raw.strip_prefix(b"/").unwrap_or(&raw);
         let parts = match clean_path(trimmed) {
@@ -247,7 +230,7 @@ impl Builder<'_> {
                 return Ok(());
             }
         };
-        let EntryMeta { mtime, uid, gid } = entry_meta(&mut entry);
+        let EntryMeta { mtime, uid, gid } = entry_meta(entry);
         let (uid, gid) = (uid as u32, gid as u32);
         let header = entry.header();
         let kind = header.entry_type();
@@ -260,7 +243,7 @@ impl Builder<'_> {
             }
             return Ok(());
         };
-        let Some(parent) = self.dir_at(parents) else {
+        let Some(parent) = self.dir_at(parents, tally)? else {
             tracing::warn!(entry = %display_path(&raw), "skipping entry: a parent is not a directory");
             return Ok(());
         };
@@ -285,7 +268,7 @@ impl Builder<'_> {
             },
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 let node = self.new_node(attrs(NodeKind::Symlink { target: Vec::new() }));
-                let (size, location, checksum) = self.store_contents(&mut entry, node)?;
+                let (size, location, checksum) = self.store_contents(entry, node, tally)?;
                 self.nodes[node as usize].kind = NodeKind::File {
                     size,
                     location,
@@ -343,7 +326,8 @@ impl Builder<'_> {
         &mut self,
         entry: &mut impl Read,
         node: u32,
-    ) -> Result<(u64, FileLocation, u64), IndexError> {
+        tally: &mut Tally,
+    ) -> Result<(u64, FileLocation, u64), ArchiveError> {
         let mut hasher = Xxh3::new();
         let mut buf = vec![0u8; 256 * 1024];
         // Small files are read whole first, so that they can go into the pack.
@@ -351,54 +335,41 @@ impl Builder<'_> {
         entry
             .take(OWN_FILE_THRESHOLD)
             .read_to_end(&mut head)
-            .map_err(IndexError::Corrupt)?;
+            .map_err(ArchiveError::Corrupt)?;
         let mut size = head.len() as u64;
-        self.check_unpacked(size)?;
+        tally.bytes(size)?;
         hasher.update(&head);
         if size < OWN_FILE_THRESHOLD {
             let offset = self.pack_len;
-            let pack = pack_path(self.out_dir);
             self.pack
                 .write_all(&head)
-                .map_err(|cause| IndexError::Cache { path: pack, cause })?;
+                .map_err(cache_error(&pack_path(self.out_dir)))?;
             self.pack_len += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
         let path = own_file_path(self.out_dir, node);
-        let cache_err = |cause| IndexError::Cache {
-            path: path.clone(),
-            cause,
-        };
-        let mut file = create_private(&path).map_err(cache_err)?;
-        file.write_all(&head).map_err(cache_err)?;
+        let mut file = create_private(&path).map_err(cache_error(&path))?;
+        file.write_all(&head).map_err(cache_error(&path))?;
         loop {
             let n = match entry.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(IndexError::Corrupt(e)),
+                Err(e) => return Err(ArchiveError::Corrupt(e)),
             };
             size += n as u64;
-            self.check_unpacked(size)?;
+            tally.bytes(n as u64)?;
             hasher.update(&buf[..n]);
-            file.write_all(&buf[..n]).map_err(cache_err)?;
+            file.write_all(&buf[..n]).map_err(cache_error(&path))?;
         }
         self.own_len += size;
         Ok((size, FileLocation::Own, hasher.digest()))
     }
 
-    fn check_unpacked(&self, current_file: u64) -> Result<(), IndexError> {
-        if self.pack_len + self.own_len + current_file > self.limits.max_unpacked_bytes {
-            return Err(IndexError::TooLarge(self.limits.max_unpacked_bytes));
-        }
-        Ok(())
-    }
-
-    fn finish(mut self) -> Result<Index, IndexError> {
-        let pack = pack_path(self.out_dir);
+    fn finish(mut self) -> Result<Index, ArchiveError> {
         self.pack
             .flush()
-            .map_err(|cause| IndexError::Cache { path: pack, cause })?;
+            .map_err(cache_error(&pack_path(self.out_dir)))?;
         for (index, children) in self.children.into_iter().enumerate() {
             if let Some(children) = children {
                 let subdirs = children

@@ -4,19 +4,43 @@
 //! The archive format is the product's compatibility surface (SPEC section 1): readers
 //! accept whatever GNU tar, bsdtar and Python's `tarfile` write; the writer produces
 //! one canonical encoding of a tree so that the same tree always has the same digest.
+//!
+//! Every archive read here is treated as hostile. [`for_each_entry`] is the one way
+//! entries are read, and it bounds what an archive can make us hold or do:
+//! - the metadata of one entry (its header, GNU long-name and long-link records, pax
+//!   records, sparse maps) may take at most [`MAX_METADATA`] bytes of the stream; the
+//!   tar crate reads those records whole into memory, so the cap is enforced below
+//!   it, on the stream itself, before anything is buffered;
+//! - paths and link targets are at most [`MAX_PATH`] bytes;
+//! - entries, including the parent directories that only appear implicitly, count
+//!   toward `max_entries`, and every byte of entry data, read or skipped, counts
+//!   toward `max_unpacked_bytes`.
 
 pub mod extract;
 pub mod gz;
 pub mod index;
 pub mod writer;
 
-use std::io;
+use std::cell::Cell;
+use std::io::{self, Read};
 use std::path::PathBuf;
+use std::rc::Rc;
+
+/// Most bytes of tar metadata one entry may take before its data begins.
+pub const MAX_METADATA: u64 = 256 * 1024;
+/// Longest path or link target accepted in an archive (Linux's `PATH_MAX`).
+pub const MAX_PATH: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error("the archive is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
+    #[error("the archive has more than {0} entries (--max-entries)")]
+    TooManyEntries(u64),
+    #[error("the archive unpacks to more than {0} bytes (--max-unpacked-size)")]
+    UnpackedTooLarge(u64),
+    #[error("the archive is not a valid tar.gz: {0}")]
+    Corrupt(io::Error),
     #[error("{}: {reason}", path.display())]
     Source { path: PathBuf, reason: String },
     #[error("refusing entry {entry:?}: {reason}")]
@@ -32,6 +56,160 @@ impl ArchiveError {
         let context = context.into();
         move |cause| ArchiveError::Io { context, cause }
     }
+}
+
+/// Bounds on what one archive may unpack to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_entries: u64,
+    pub max_unpacked_bytes: u64,
+}
+
+impl Limits {
+    pub const DEFAULT: Limits = Limits {
+        max_entries: 2_000_000,
+        max_unpacked_bytes: 16 << 30,
+    };
+}
+
+/// Counts entries and unpacked bytes against [`Limits`] while an archive is read.
+pub struct Tally {
+    limits: Limits,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Tally {
+    /// One more entry, explicit or implied (a parent directory made on the way).
+    pub fn entry(&mut self) -> Result<(), ArchiveError> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(ArchiveError::TooManyEntries(self.limits.max_entries));
+        }
+        Ok(())
+    }
+
+    /// `n` more bytes of entry data.
+    pub fn bytes(&mut self, n: u64) -> Result<(), ArchiveError> {
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > self.limits.max_unpacked_bytes {
+            return Err(ArchiveError::UnpackedTooLarge(
+                self.limits.max_unpacked_bytes,
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn unpacked_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// The decompressed stream as the tar crate reads it, with a budget: while an entry's
+/// metadata is read the budget is [`MAX_METADATA`], and a read past it fails, so no
+/// record is ever buffered whole beyond the cap, whatever the archive claims.
+pub struct Budgeted<R> {
+    inner: R,
+    budget: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let budget = self.budget.get();
+        if budget == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "an entry's metadata (long name, long link, pax or sparse records) is larger than {MAX_METADATA} bytes"
+                ),
+            ));
+        }
+        let len = buf.len().min(usize::try_from(budget).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..len])?;
+        if budget != u64::MAX {
+            self.budget.set(budget - n as u64);
+        }
+        Ok(n)
+    }
+}
+
+pub type Entry<'a, R> = tar::Entry<'a, Budgeted<R>>;
+
+/// Reads every entry of the tar stream `tar`, calling `each` with it and the tally.
+/// Paths and link targets are checked against [`MAX_PATH`] first. Whatever data
+/// `each` leaves unread is read here and counted, so the next entry's metadata is
+/// read under its own budget.
+pub fn for_each_entry<R: Read>(
+    tar: R,
+    limits: Limits,
+    mut each: impl FnMut(&mut Entry<'_, R>, &mut Tally) -> Result<(), ArchiveError>,
+) -> Result<Tally, ArchiveError> {
+    let budget = Rc::new(Cell::new(MAX_METADATA));
+    let mut archive = tar::Archive::new(Budgeted {
+        inner: tar,
+        budget: Rc::clone(&budget),
+    });
+    let mut tally = Tally {
+        limits,
+        entries: 0,
+        bytes: 0,
+    };
+    let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
+    loop {
+        budget.set(MAX_METADATA);
+        let Some(entry) = entries.next() else { break };
+        let mut entry = entry.map_err(ArchiveError::Corrupt)?;
+        budget.set(u64::MAX);
+        tally.entry()?;
+        let too_long = |what: &str, bytes: &[u8]| ArchiveError::Hostile {
+            entry: display_path(&bytes[..bytes.len().min(80)]) + "...",
+            reason: if what == "path" {
+                "its path is longer than 4096 bytes"
+            } else {
+                "its link target is longer than 4096 bytes"
+            },
+        };
+        if entry.path_bytes().len() > MAX_PATH {
+            return Err(too_long("path", &entry.path_bytes()));
+        }
+        if let Some(link) = entry.link_name_bytes()
+            && link.len() > MAX_PATH
+        {
+            return Err(too_long("link", &entry.path_bytes()));
+        }
+        each(&mut entry, &mut tally)?;
+        drain(&mut entry, &mut tally)?;
+    }
+    Ok(tally)
+}
+
+/// Reads the rest of an entry's data, counting it.
+fn drain(entry: &mut impl Read, tally: &mut Tally) -> Result<(), ArchiveError> {
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        match entry.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => tally.bytes(n as u64)?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ArchiveError::Corrupt(e)),
+        }
+    }
+}
+
+/// A tar path split into its normal components, or the reason it is refused.
+pub(crate) fn clean_path(raw: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
+    if raw.first() == Some(&b'/') {
+        return Err("absolute paths are not allowed");
+    }
+    let mut parts = Vec::new();
+    for part in raw.split(|&b| b == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." => return Err("`..` would leave the destination"),
+            _ => parts.push(part),
+        }
+    }
+    Ok(parts)
 }
 
 /// An entry's owner and mtime as `tar -x` sees them: pax records (`mtime`, `uid`,
@@ -58,7 +236,9 @@ pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> Ent
             };
             match key {
                 "mtime" => {
-                    if let Ok(t) = value.trim().parse::<f64>() {
+                    if let Ok(t) = value.trim().parse::<f64>()
+                        && t.is_finite()
+                    {
                         meta.mtime = t.floor() as i64;
                     }
                 }
@@ -74,4 +254,19 @@ pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> Ent
 /// Renders a raw tar path for messages; non-UTF-8 bytes are shown escaped.
 pub(crate) fn display_path(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_path_refuses_escapes() {
+        assert_eq!(clean_path(b"./a/b").unwrap(), vec![&b"a"[..], b"b"]);
+        assert_eq!(clean_path(b"a//b/").unwrap(), vec![&b"a"[..], b"b"]);
+        assert!(clean_path(b"/etc/passwd").is_err());
+        assert!(clean_path(b"a/../../b").is_err());
+        assert!(clean_path(b"..").is_err());
+        assert!(clean_path(b".").unwrap().is_empty());
+    }
 }

@@ -11,22 +11,31 @@
 //!   are link entries to it;
 //! - compression is [`super::gz`] (fixed chunking, zero gzip mtime, no file name).
 //!
+//! The tree is read through descriptors (see [`crate::beneath`]): every entry is
+//! reached from the root's descriptor by names from `readdir`, opened with
+//! `O_NOFOLLOW`, and described by `fstat` of what was opened; symlinks are stored as
+//! links and never followed. A concurrent writer swapping a file for a symlink can
+//! make a capture fail ("changed type"), never read a byte from outside the tree.
+//!
 //! Sockets, FIFOs and device files are skipped with a warning. Memory stays flat: file
-//! contents are streamed, and only one directory listing at a time is held.
+//! contents are streamed, and one listing per directory level is held. Paths longer
+//! than [`MAX_PATH`] are refused, since no reader could restore them.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{self, File, Metadata};
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::ArchiveError;
 use super::gz::ParallelGzWriter;
+use super::{ArchiveError, MAX_PATH, display_path};
+use crate::beneath;
 
 pub struct WriterOptions {
     /// The largest compressed archive allowed; writing stops with
@@ -43,9 +52,9 @@ pub struct WrittenArchive {
     pub size: u64,
 }
 
-/// Archives the tree under `root` into `out`.
+/// Archives the tree under the directory `root` into `out`.
 pub fn write_archive<W: Write>(
-    root: &Path,
+    root: BorrowedFd<'_>,
     out: W,
     options: &WriterOptions,
 ) -> Result<WrittenArchive, ArchiveError> {
@@ -57,18 +66,11 @@ pub fn write_archive<W: Write>(
 /// indexes the copy, so that a new checkpoint is served from the very bytes that
 /// were compressed and hashed, without decompressing them again.
 pub fn write_archive_with_copy<W: Write>(
-    root: &Path,
+    root: BorrowedFd<'_>,
     out: W,
     options: &WriterOptions,
     tar_copy: &mut dyn Write,
 ) -> Result<WrittenArchive, ArchiveError> {
-    let meta = fs::metadata(root).map_err(ArchiveError::io(format!("{}", root.display())))?;
-    if !meta.is_dir() {
-        return Err(ArchiveError::Source {
-            path: root.to_owned(),
-            reason: "not a directory".into(),
-        });
-    }
     let hashing = HashingWriter {
         inner: out,
         hasher: Sha256::new(),
@@ -84,7 +86,7 @@ pub fn write_archive_with_copy<W: Write>(
         hard_links: HashMap::new(),
     };
     let result = walk
-        .append_dir(&mut builder, root, &[])
+        .append_tree(&mut builder, root)
         .and_then(|()| {
             builder
                 .finish()
@@ -157,101 +159,194 @@ impl<W: Write> Write for Tee<'_, W> {
     }
 }
 
+/// One directory being archived: its descriptor, its path in the archive, and the
+/// names still to write, in order.
+struct Level {
+    dir: OwnedFd,
+    path: Vec<u8>,
+    names: std::vec::IntoIter<Vec<u8>>,
+}
+
+fn io_error(what: &str, path: &[u8]) -> impl FnOnce(io::Error) -> ArchiveError {
+    ArchiveError::io(format!("{what} {}", display_path(path)))
+}
+
+fn errno(what: &str, path: &[u8]) -> impl FnOnce(rustix::io::Errno) -> ArchiveError {
+    let to_archive = io_error(what, path);
+    move |e| to_archive(e.into())
+}
+
+/// The names in directory `dir`, sorted by their bytes.
+fn sorted_names(dir: &OwnedFd, path: &[u8]) -> Result<Vec<Vec<u8>>, ArchiveError> {
+    let mut names = Vec::new();
+    let mut listing = rfs::Dir::read_from(dir).map_err(errno("read directory", path))?;
+    while let Some(entry) = listing.read() {
+        let entry = entry.map_err(errno("read directory", path))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
 impl Walk {
-    fn append_dir<W: Write>(
+    /// Writes every entry below `root`, depth first, without recursion (a tree of
+    /// any depth cannot exhaust the stack); one descriptor is held per level.
+    fn append_tree<W: Write>(
         &mut self,
         builder: &mut Builder<'_, W>,
-        dir: &Path,
-        prefix: &[u8],
+        root: BorrowedFd<'_>,
     ) -> Result<(), ArchiveError> {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .map_err(ArchiveError::io(format!(
-                "read directory {}",
-                dir.display()
-            )))?
-            .map(|entry| entry.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(ArchiveError::io(format!(
-                "read directory {}",
-                dir.display()
-            )))?;
-        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        for name in names {
-            let path = dir.join(&name);
-            let mut archive_path = prefix.to_vec();
-            if !archive_path.is_empty() {
-                archive_path.push(b'/');
+        let root = beneath::open_dir_path(root, &[]).map_err(io_error("open", b"."))?;
+        let names = sorted_names(&root, b".")?;
+        let mut stack = vec![Level {
+            dir: root,
+            path: Vec::new(),
+            names: names.into_iter(),
+        }];
+        while let Some(level) = stack.last_mut() {
+            let Some(name) = level.names.next() else {
+                stack.pop();
+                continue;
+            };
+            let mut path = level.path.clone();
+            if !path.is_empty() {
+                path.push(b'/');
             }
-            archive_path.extend_from_slice(name.as_bytes());
-            self.append_entry(builder, &path, archive_path)?;
+            path.extend_from_slice(&name);
+            if path.len() > MAX_PATH {
+                return Err(ArchiveError::Source {
+                    path: PathBuf::from(OsStr::from_bytes(&path[..64])),
+                    reason: format!("a path in the tree is longer than {MAX_PATH} bytes"),
+                });
+            }
+            if let Some(subdir) = self.append_entry(builder, level.dir.as_fd(), &name, &path)? {
+                let names = sorted_names(&subdir, &path)?;
+                stack.push(Level {
+                    dir: subdir,
+                    path,
+                    names: names.into_iter(),
+                });
+            }
         }
         Ok(())
     }
 
+    /// Writes the entry `name` of `dir` as `path`; returns the descriptor of a
+    /// directory to descend into. Everything written comes from what was opened:
+    /// a file's header and contents from the same `O_NOFOLLOW` descriptor, so that no
+    /// rename or symlink swapped in between can make us read anything else.
     fn append_entry<W: Write>(
         &mut self,
         builder: &mut Builder<'_, W>,
-        path: &Path,
-        archive_path: Vec<u8>,
-    ) -> Result<(), ArchiveError> {
-        let io_err = |what: &str| ArchiveError::io(format!("{what} {}", path.display()));
-        let meta = fs::symlink_metadata(path).map_err(io_err("stat"))?;
-        let file_type = meta.file_type();
-        let name = Path::new(OsStr::from_bytes(&archive_path));
-        if file_type.is_dir() {
-            let mut header = header_for(&meta, EntryType::Directory);
-            builder
-                .append_data(&mut header, name, io::empty())
-                .map_err(io_err("archive"))?;
-            self.append_dir(builder, path, &archive_path)
-        } else if file_type.is_symlink() {
-            let target = fs::read_link(path).map_err(io_err("read link"))?;
-            let mut header = header_for(&meta, EntryType::Symlink);
-            builder
-                .append_link(&mut header, name, &target)
-                .map_err(io_err("archive"))
-        } else if file_type.is_file() {
-            if meta.nlink() > 1 {
-                let key = (meta.dev(), meta.ino());
-                if let Some(first) = self.hard_links.get(&key) {
-                    let mut header = header_for(&meta, EntryType::Link);
-                    return builder
-                        .append_link(&mut header, name, Path::new(OsStr::from_bytes(first)))
-                        .map_err(io_err("archive"));
-                }
-                self.hard_links.insert(key, archive_path.clone());
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        path: &[u8],
+    ) -> Result<Option<OwnedFd>, ArchiveError> {
+        let os_name = OsStr::from_bytes(name);
+        let archive_name = Path::new(OsStr::from_bytes(path));
+        let stat =
+            rfs::statat(dir, os_name, AtFlags::SYMLINK_NOFOLLOW).map_err(errno("stat", path))?;
+        let changed = || ArchiveError::Source {
+            path: PathBuf::from(OsStr::from_bytes(path)),
+            reason: "changed type while it was being archived".into(),
+        };
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => {
+                let fd = beneath::open_dir(dir, os_name).map_err(|e| match e.raw_os_error() {
+                    Some(libc::ELOOP | libc::ENOTDIR) => changed(),
+                    _ => io_error("open", path)(e),
+                })?;
+                let stat = rfs::fstat(&fd).map_err(errno("stat", path))?;
+                let mut header = header_for(&stat, EntryType::Directory);
+                builder
+                    .append_data(&mut header, archive_name, io::empty())
+                    .map_err(io_error("archive", path))?;
+                Ok(Some(fd))
             }
-            let mut header = header_for(&meta, EntryType::Regular);
-            header.set_size(meta.len());
-            let file = File::open(path).map_err(io_err("open"))?;
-            let contents = ExactReader {
-                inner: file.take(meta.len()),
-                remaining: meta.len(),
-            };
-            builder
-                .append_data(&mut header, name, contents)
-                .map_err(io_err("archive"))
-        } else {
-            let kind = if file_type.is_fifo() {
-                "FIFO"
-            } else if file_type.is_socket() {
-                "socket"
-            } else {
-                "device file"
-            };
-            tracing::warn!(path = %path.display(), "skipping {kind}: checkpoints hold only files, directories and links");
-            Ok(())
+            FileType::Symlink => {
+                let target = rfs::readlinkat(dir, os_name, Vec::new()).map_err(|e| match e {
+                    rustix::io::Errno::INVAL => changed(),
+                    e => errno("read link", path)(e),
+                })?;
+                let mut header = header_for(&stat, EntryType::Symlink);
+                builder
+                    .append_link(
+                        &mut header,
+                        archive_name,
+                        OsStr::from_bytes(target.as_bytes()),
+                    )
+                    .map_err(io_error("archive", path))?;
+                Ok(None)
+            }
+            FileType::RegularFile => {
+                let fd = rfs::openat(
+                    dir,
+                    os_name,
+                    OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| match e {
+                    rustix::io::Errno::LOOP => changed(),
+                    e => errno("open", path)(e),
+                })?;
+                let stat = rfs::fstat(&fd).map_err(errno("stat", path))?;
+                if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+                    return Err(changed());
+                }
+                if stat.st_nlink > 1 {
+                    let key = (stat.st_dev, stat.st_ino);
+                    if let Some(first) = self.hard_links.get(&key) {
+                        let mut header = header_for(&stat, EntryType::Link);
+                        builder
+                            .append_link(
+                                &mut header,
+                                archive_name,
+                                Path::new(OsStr::from_bytes(first)),
+                            )
+                            .map_err(io_error("archive", path))?;
+                        return Ok(None);
+                    }
+                    self.hard_links.insert(key, path.to_vec());
+                }
+                let size = stat.st_size as u64;
+                let mut header = header_for(&stat, EntryType::Regular);
+                header.set_size(size);
+                let contents = ExactReader {
+                    inner: File::from(fd).take(size),
+                    remaining: size,
+                };
+                builder
+                    .append_data(&mut header, archive_name, contents)
+                    .map_err(io_error("archive", path))?;
+                Ok(None)
+            }
+            other => {
+                let kind = match other {
+                    FileType::Fifo => "FIFO",
+                    FileType::Socket => "socket",
+                    _ => "device file",
+                };
+                tracing::warn!(path = %display_path(path), "skipping {kind}: checkpoints hold only files, directories and links");
+                Ok(None)
+            }
         }
     }
 }
 
-fn header_for(meta: &Metadata, kind: EntryType) -> Header {
+fn header_for(stat: &rfs::Stat, kind: EntryType) -> Header {
     let mut header = Header::new_gnu();
     header.set_entry_type(kind);
-    header.set_mode(meta.mode() & 0o7777);
-    header.set_uid(meta.uid().into());
-    header.set_gid(meta.gid().into());
-    header.set_mtime(meta.mtime().max(0) as u64);
+    header.set_mode(stat.st_mode & 0o7777);
+    header.set_uid(stat.st_uid.into());
+    header.set_gid(stat.st_gid.into());
+    header.set_mtime(stat.st_mtime.max(0) as u64);
     header.set_size(0);
     header
 }
@@ -315,7 +410,25 @@ impl<W: Write> Write for HashingWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn dir_fd(path: &Path) -> OwnedFd {
+        rfs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn archive_of(
+        path: &Path,
+        out: &mut Vec<u8>,
+        options: &WriterOptions,
+    ) -> Result<WrittenArchive, ArchiveError> {
+        write_archive(dir_fd(path).as_fd(), out, options)
+    }
 
     fn options() -> WriterOptions {
         WriterOptions {
@@ -353,8 +466,8 @@ mod tests {
         sample_tree(b.path(), true);
         let mut out_a = Vec::new();
         let mut out_b = Vec::new();
-        let wa = write_archive(a.path(), &mut out_a, &options()).unwrap();
-        let wb = write_archive(b.path(), &mut out_b, &options()).unwrap();
+        let wa = archive_of(a.path(), &mut out_a, &options()).unwrap();
+        let wb = archive_of(b.path(), &mut out_b, &options()).unwrap();
         assert_eq!(wa, wb);
         assert_eq!(out_a, out_b);
         assert_eq!(wa.size, out_a.len() as u64);
@@ -366,7 +479,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         sample_tree(dir.path(), true);
         let mut out = Vec::new();
-        write_archive(dir.path(), &mut out, &options()).unwrap();
+        archive_of(dir.path(), &mut out, &options()).unwrap();
         let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(&out[..]));
         let paths: Vec<String> = archive
             .entries()
@@ -389,9 +502,9 @@ mod tests {
             })
             .collect();
         fs::write(dir.path().join("noise"), noise).unwrap();
-        let err = write_archive(
+        let err = archive_of(
             dir.path(),
-            Vec::new(),
+            &mut Vec::new(),
             &WriterOptions {
                 max_size: 10_000,
                 threads: 1,
@@ -402,5 +515,87 @@ mod tests {
             matches!(err, ArchiveError::TooLarge { limit: 10_000 }),
             "{err}"
         );
+    }
+
+    fn tar_bytes(archive: &[u8]) -> Vec<u8> {
+        let mut tar = Vec::new();
+        flate2::read::MultiGzDecoder::new(archive)
+            .read_to_end(&mut tar)
+            .unwrap();
+        tar
+    }
+
+    /// A writer racing the archive swaps a file for a symlink to a secret outside the
+    /// tree, over and over, with `RENAME_EXCHANGE`: the archive may hold the file, the
+    /// link, or fail with "changed type", but never a byte of the secret.
+    #[test]
+    fn a_racing_writer_cannot_make_it_read_outside_the_tree() {
+        let tree = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("credentials");
+        fs::write(&secret, b"AKIA-SECRET-OUTSIDE-THE-TREE").unwrap();
+        fs::create_dir(tree.path().join("d")).unwrap();
+        fs::write(tree.path().join("d/file"), b"harmless contents").unwrap();
+        symlink(&secret, tree.path().join("d/link")).unwrap();
+        symlink(outside.path(), tree.path().join("d/dirlink")).unwrap();
+        fs::create_dir(tree.path().join("d/sub")).unwrap();
+        fs::write(tree.path().join("d/sub/file"), b"x").unwrap();
+
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = std::sync::Arc::clone(&stop);
+            let d = dir_fd(&tree.path().join("d"));
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (a, b) in [("file", "link"), ("sub", "dirlink")] {
+                        rfs::renameat_with(&d, a, &d, b, rfs::RenameFlags::EXCHANGE).unwrap();
+                        swaps += 1;
+                    }
+                }
+                swaps
+            })
+        };
+        let (mut written, mut refused) = (0, 0);
+        for _ in 0..400 {
+            let mut out = Vec::new();
+            match archive_of(tree.path(), &mut out, &options()) {
+                Ok(_) => {
+                    written += 1;
+                    let tar = tar_bytes(&out);
+                    assert!(
+                        !tar.windows(11).any(|w| w == b"AKIA-SECRET"),
+                        "an archive holds the outside secret"
+                    );
+                }
+                Err(ArchiveError::Source { reason, .. }) if reason.contains("changed type") => {
+                    refused += 1
+                }
+                Err(ArchiveError::Io { cause, .. }) if cause.kind() == io::ErrorKind::NotFound => {
+                    refused += 1
+                }
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        assert!(swaps > 100, "the race did not run ({swaps} swaps)");
+        assert!(written > 0, "no archive was written ({refused} refused)");
+        assert_eq!(fs::read(&secret).unwrap(), b"AKIA-SECRET-OUTSIDE-THE-TREE");
+    }
+
+    #[test]
+    fn deep_trees_do_not_exhaust_the_stack_and_long_paths_are_refused() {
+        let tree = tempfile::tempdir().unwrap();
+        let mut dir = dir_fd(tree.path());
+        // 3,000 levels, built by descriptor: deeper than PATH_MAX allows as one path.
+        for _ in 0..3000 {
+            rfs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).unwrap();
+            dir =
+                rfs::openat(&dir, "d", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let err = archive_of(tree.path(), &mut Vec::new(), &options()).unwrap_err();
+        assert!(err.to_string().contains("longer than 4096 bytes"), "{err}");
+        crate::beneath::remove_at(dir_fd(tree.path()), OsStr::new("d")).unwrap();
     }
 }

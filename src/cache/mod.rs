@@ -20,7 +20,7 @@
 
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,8 @@ use std::time::SystemTime;
 use lru::LruCache;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
-use crate::archive::index::{self, FileLocation, Index, IndexError, Limits, NodeKind};
+use crate::archive::index::{self, FileLocation, Index, NodeKind};
+use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::pipe::{PipeReader, pipe};
 use crate::store::ObjectStore;
@@ -41,7 +42,7 @@ pub enum CacheError {
     #[error("{0}")]
     Checkpoint(CheckpointError),
     #[error(transparent)]
-    Index(#[from] IndexError),
+    Archive(#[from] ArchiveError),
     #[error("cache {}: {cause}", path.display())]
     Io { path: PathBuf, cause: io::Error },
 }
@@ -118,13 +119,36 @@ pub struct CacheStats {
     pub reuses: u64,
 }
 
-fn private_dir(path: &Path) -> Result<(), CacheError> {
+/// Creates `path` (and missing parents) as a directory only the daemon's user can
+/// use, or makes an existing one so. A directory that belongs to another user is
+/// refused: whoever owns it could change verified contents or plant links in it (a
+/// shared `/tmp/ckptfs` made in advance by someone else, say).
+pub fn private_dir(path: &Path) -> Result<(), CacheError> {
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(path)
         .map_err(io_err(path))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(io_err(path))
+    let dir = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| io_err(path)(e.into()))?;
+    let owner = rustix::fs::fstat(&dir)
+        .map_err(|e| io_err(path)(e.into()))?
+        .st_uid;
+    if owner != rustix::process::geteuid().as_raw() {
+        return Err(CacheError::Io {
+            path: path.to_owned(),
+            cause: io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("belongs to uid {owner}, not to this user; give a directory of your own"),
+            ),
+        });
+    }
+    rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))
+        .map_err(|e| io_err(path)(e.into()))
 }
 
 fn dir_size(dir: &Path) -> u64 {

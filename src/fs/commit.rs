@@ -11,15 +11,17 @@
 //! it was, and the store's put guarantees leave no partial object behind. The work
 //! runs on a thread of its own; the FUSE request threads keep answering meanwhile.
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{CheckpointFs, FsError};
 use crate::archive::ArchiveError;
 use crate::archive::index;
-use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions};
+use crate::checkpoint::{
+    self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, StoreOutcome,
+};
 use crate::pipe::pipe;
-use crate::store::PutOutcome;
 
 /// How many finished seals `.status` remembers.
 const OUTCOMES_KEPT: usize = 100;
@@ -71,13 +73,9 @@ impl CheckpointFs {
                 let mut seals = fs.seals.lock().expect("seals lock");
                 seals.in_progress.retain(|n| n != &commit_name);
                 let outcome = match &result {
-                    Ok((id, stored)) => {
+                    Ok((id, how)) => {
                         seals.sealed.push((commit_name.clone(), id.clone()));
-                        let how = match stored {
-                            PutOutcome::Stored => "stored",
-                            PutOutcome::AlreadyPresent => "already present",
-                        };
-                        tracing::info!(workspace = %shown, checkpoint = %id, how, "sealed");
+                        tracing::info!(workspace = %shown, checkpoint = %id, %how, "sealed");
                         format!("{shown}: sealed as {id} ({how})")
                     }
                     Err(e) => {
@@ -95,19 +93,21 @@ impl CheckpointFs {
             .expect("spawning a seal thread");
     }
 
-    fn seal_now(&self, name: &[u8]) -> Result<(CheckpointId, PutOutcome), FsError> {
-        let (path, inodes) = self.staging.freeze(name)?;
-        let result = self.seal_frozen(&path);
-        if result.is_ok()
-            && let Err(e) = std::fs::remove_dir_all(&path)
-        {
-            tracing::warn!(path = %path.display(), error = %e, "could not delete the sealed workspace's staged copy");
+    fn seal_now(&self, name: &[u8]) -> Result<(CheckpointId, StoreOutcome), FsError> {
+        let frozen = self.staging.freeze(name)?;
+        let result = self.seal_frozen(frozen.dir.as_fd());
+        if result.is_ok() {
+            if let Err(e) = self.staging.remove_sealed(frozen) {
+                let shown = String::from_utf8_lossy(name);
+                tracing::warn!(workspace = %shown, error = %e, "could not delete the sealed workspace's staged copy");
+            }
+        } else {
+            self.staging.thaw(frozen);
         }
-        self.staging.thaw(&inodes);
         result
     }
 
-    fn seal_frozen(&self, path: &std::path::Path) -> Result<(CheckpointId, PutOutcome), FsError> {
+    fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<(CheckpointId, StoreOutcome), FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
             temp_dir: &self.config.work_dir,
@@ -126,7 +126,7 @@ impl CheckpointFs {
                 (pending, built)
             })
         });
-        let written = checkpoint::write_archive_file(path, &options, &mut tar_copy);
+        let written = checkpoint::write_archive_file(dir, &options, &mut tar_copy);
         drop(tar_copy);
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;

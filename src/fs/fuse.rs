@@ -203,6 +203,8 @@ fn file_type(kind: FileKind) -> FileType {
         FileKind::Directory => FileType::Directory,
         FileKind::File => FileType::RegularFile,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
     }
 }
 
@@ -607,21 +609,17 @@ impl Filesystem for FuseAdapter {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Device files and FIFOs are never part of a checkpoint.
-        let error = if StagingTree::owns_inode(parent.0) {
-            FsError::NotPermitted("device files and FIFOs are not supported")
-        } else {
-            FsError::ReadOnly
-        };
-        reply.error(errno("mknod", parent.0, &error));
+        let mode = mode & !(umask & 0o7777);
+        let result = self.fs.mknod(parent.0, name.as_bytes(), mode, caller(req));
+        self.reply_entry(parent.0, result, "mknod", reply);
     }
 
     fn mkdir(

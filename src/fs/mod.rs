@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::archive::index::{FileLocation, Limits, Node, NodeKind};
+use crate::archive::Limits;
+use crate::archive::index::{FileLocation, Node, NodeKind};
 use crate::cache::{Cache, VerifiedCheckpoint};
 use crate::checkpoint::{self, CheckpointId, CheckpointInfo};
 use crate::store::{ObjectStore, StoreError};
@@ -58,6 +59,9 @@ pub enum FileKind {
     Directory,
     File,
     Symlink,
+    /// Only in `staging/`: checkpoints never hold FIFOs or sockets.
+    Fifo,
+    Socket,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -873,6 +877,20 @@ impl CheckpointFs {
     ) -> Result<Attr, FsError> {
         if StagingTree::owns_inode(parent) {
             return self.staging.mkdir(parent, name, mode, caller);
+        }
+        Err(self.refuse_change(parent))
+    }
+
+    /// Makes a FIFO or a socket in `staging/`.
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        if StagingTree::owns_inode(parent) {
+            return self.staging.mknod(parent, name, mode, caller);
         }
         Err(self.refuse_change(parent))
     }

@@ -7,6 +7,7 @@
 //! error if it could not mount.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,7 +19,6 @@ use fuser::{Config, MountOption, SessionACL};
 
 use super::fuse::FuseAdapter;
 use super::{CheckpointFs, FsConfig, StagingTree};
-use crate::archive::index::Limits;
 use crate::cache::Cache;
 use crate::cli::{Cli, MountArgs};
 
@@ -31,7 +31,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
     }
     raise_open_file_limit();
     let store = crate::commands::open_store(cli, &args.store, args.part_size)?;
-    let cache_dir = cache_dir(args);
+    let cache_dir = cache_dir(args)?;
     let cache = Arc::new(
         Cache::open(&cache_dir, args.cache_size)
             .with_context(|| format!("cannot open cache {}", cache_dir.display()))?,
@@ -49,7 +49,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
         )
     })?;
     let work_dir = cache_dir.join("tmp");
-    std::fs::create_dir_all(&work_dir)
+    crate::cache::private_dir(&work_dir)
         .with_context(|| format!("cannot create {}", work_dir.display()))?;
     let fs = CheckpointFs::new(
         store,
@@ -57,10 +57,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
         staging,
         FsConfig {
             max_archive_size: cli.max_archive_size,
-            limits: Limits {
-                max_entries: args.max_entries,
-                max_unpacked_bytes: args.max_unpacked_size,
-            },
+            limits: args.limits.limits(),
             owner_override: args.owner_self.then_some((uid, gid)),
             uid,
             gid,
@@ -137,14 +134,26 @@ fn raise_open_file_limit() {
     tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
 }
 
-fn cache_dir(args: &MountArgs) -> PathBuf {
-    args.cache_dir.clone().unwrap_or_else(|| {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir);
-        base.join("ckptfs")
-    })
+/// `--cache-dir`, or `$XDG_CACHE_HOME/ckptfs`, `$HOME/.cache/ckptfs`, and for root
+/// without either `/var/cache/ckptfs`. Never a shared temporary directory, where
+/// another user could have made the directory first.
+fn cache_dir(args: &MountArgs) -> Result<PathBuf> {
+    if let Some(dir) = &args.cache_dir {
+        return Ok(dir.clone());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| Path::new(&h).join(".cache"))
+        });
+    match base {
+        Some(base) => Ok(base.join("ckptfs")),
+        None if rustix::process::geteuid().is_root() => Ok(PathBuf::from("/var/cache/ckptfs")),
+        None => bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"),
+    }
 }
 
 fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
@@ -178,13 +187,15 @@ fn report_ready() {
 /// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
 /// report that the mount is ready.
 fn spawn_daemon(args: &MountArgs) -> Result<()> {
-    let cache_dir = cache_dir(args);
-    std::fs::create_dir_all(&cache_dir)
-        .with_context(|| format!("cannot create {}", cache_dir.display()))?;
+    let cache_dir = cache_dir(args)?;
+    crate::cache::private_dir(&cache_dir)
+        .with_context(|| format!("cannot use the cache directory {}", cache_dir.display()))?;
     let log_path = cache_dir.join("ckptfs.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&log_path)
         .with_context(|| format!("cannot open the log {}", log_path.display()))?;
     let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;

@@ -8,23 +8,41 @@
 //!
 //! While a workspace is being sealed, its inodes are *frozen*: any change to them, or
 //! inside them, fails with `EBUSY`, so that the archive is a consistent snapshot. A
-//! seal only starts when none of them is open for writing.
+//! seal only starts when none of them is open for writing. The freeze is atomic with
+//! respect to every change: each changing operation holds the read side of `gate`
+//! from its frozen check to the end of its system call, and [`StagingTree::freeze`]
+//! holds the write side while it walks the workspace and marks it, so no `mkdir`,
+//! `rename`, `link` or `create` can slip a new inode in during the walk.
+//!
+//! The tree is written by an untrusted party (the sandboxed agent, any uid with
+//! `--allow-other`). Nothing here follows a symlink of the backing tree: names are
+//! resolved with `O_NOFOLLOW` or `AT_SYMLINK_NOFOLLOW` in a directory's descriptor,
+//! and a mode is never changed through a symlink (`EOPNOTSUPP`, as Linux does). The
+//! backing directory is made 0700 and must belong to the daemon's user.
+//!
+//! New entries get exactly the mode the caller asked for (the kernel has already
+//! applied the caller's umask; the daemon's own umask is undone with a `chmod`), and
+//! the caller's uid and gid when the daemon runs as root (the gid of a set-group-ID
+//! parent directory otherwise wins, as on a local disk). FIFOs and sockets may be
+//! made; device files may not, since a device node in the backing directory would be
+//! usable from the host whatever the mount's `nodev` says.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec, Timestamps};
 
 use super::inode;
 use super::{Attr, DirEntry, FileKind, FsError};
+use crate::beneath;
 
 /// Set in every FUSE inode number and file handle that belongs to staging.
 pub const STAGING_BIT: u64 = inode::STAGED_BIT;
@@ -90,7 +108,6 @@ struct Handle {
 }
 
 pub struct StagingTree {
-    root: PathBuf,
     root_fd: Arc<OwnedFd>,
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
@@ -98,9 +115,22 @@ pub struct StagingTree {
     /// Directory listings being read, by directory.
     listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     next_fh: AtomicU64,
+    /// Held for reading by every change from its frozen check to its end, and for
+    /// writing by a freeze: see the module comment.
+    gate: RwLock<()>,
     frozen: Mutex<HashSet<u64>>,
     /// Whether new entries can be given to their caller (the daemon runs as root).
     can_chown: bool,
+}
+
+fn file_kind(kind: rfs::FileType) -> FileKind {
+    match kind {
+        rfs::FileType::Directory => FileKind::Directory,
+        rfs::FileType::Symlink => FileKind::Symlink,
+        rfs::FileType::Fifo => FileKind::Fifo,
+        rfs::FileType::Socket => FileKind::Socket,
+        _ => FileKind::File,
+    }
 }
 
 fn os(e: rustix::io::Errno) -> FsError {
@@ -141,33 +171,61 @@ const OMIT: Timespec = Timespec {
     tv_nsec: rfs::UTIME_OMIT,
 };
 
+/// A workspace frozen for sealing: its directory, opened when it was frozen, and
+/// every inode in it.
+pub struct Frozen {
+    pub name: Vec<u8>,
+    pub dir: OwnedFd,
+    inodes: Vec<u64>,
+}
+
 impl StagingTree {
-    /// Opens (creating if needed) the backing directory.
+    /// Opens (creating if needed) the backing directory, and makes it private: it
+    /// must belong to the daemon's user, and becomes mode 0700, so that no other user
+    /// of the host can change a workspace behind a seal's back.
     pub fn at(root: &Path) -> Result<Self, FsError> {
-        std::fs::create_dir_all(root).map_err(FsError::Os)?;
-        let root_fd = rfs::open(
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(FsError::Os)?;
+        let dir = rfs::open(
             root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        let stat = rfs::fstat(&dir).map_err(os)?;
+        if stat.st_uid != rustix::process::geteuid().as_raw() {
+            return Err(FsError::Os(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} belongs to uid {}, not to the daemon's user; staged workspaces must be private",
+                    root.display(),
+                    stat.st_uid
+                ),
+            )));
+        }
+        rfs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(os)?;
+        let root_fd = rfs::openat(
+            &dir,
+            ".",
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(os)?;
-        let root_ino = rfs::fstat(&root_fd).map_err(os)?.st_ino;
+        let root_ino = stat.st_ino;
         Ok(StagingTree {
-            root: root.to_owned(),
             root_fd: Arc::new(root_fd),
             root_ino,
             known: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            gate: RwLock::new(()),
             frozen: Mutex::new(HashSet::new()),
             can_chown: rustix::process::geteuid().is_root(),
         })
-    }
-
-    /// The backing directory of the workspace `name`.
-    pub fn path_of(&self, name: &[u8]) -> PathBuf {
-        self.root.join(OsStr::from_bytes(name))
     }
 
     pub fn owns_inode(ino: u64) -> bool {
@@ -290,11 +348,7 @@ impl StagingTree {
     }
 
     fn attr(&self, stat: &rfs::Stat) -> Attr {
-        let kind = match rfs::FileType::from_raw_mode(stat.st_mode) {
-            rfs::FileType::Directory => FileKind::Directory,
-            rfs::FileType::Symlink => FileKind::Symlink,
-            _ => FileKind::File,
-        };
+        let kind = file_kind(rfs::FileType::from_raw_mode(stat.st_mode));
         Attr {
             ino: self.fuse_ino(stat.st_ino),
             kind,
@@ -307,6 +361,11 @@ impl StagingTree {
             mtime: time_of(stat.st_mtime, stat.st_mtime_nsec),
             ctime: time_of(stat.st_ctime, stat.st_ctime_nsec),
         }
+    }
+
+    /// Enters a change: the freeze cannot start until the returned guard is dropped.
+    fn changing(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().expect("staging gate")
     }
 
     fn check_not_frozen(&self, ino: u64) -> Result<(), FsError> {
@@ -371,19 +430,21 @@ impl StagingTree {
     }
 
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
+        let _changing = self.changing();
         self.check_not_frozen(ino)?;
         let loc = self.loc(ino)?;
         let open_file = |handle: &Arc<Handle>| handle.file.try_clone().map_err(FsError::Os);
         if let Some(mode) = set.mode {
-            let mode = Mode::from_raw_mode(mode & 0o7777);
+            // On the entry itself: a symlink's own mode cannot change (EOPNOTSUPP),
+            // and what it points to is never touched.
+            let mode = mode & 0o7777;
             match &loc {
-                Loc::Dir(fd) => rfs::chmodat(rfs::CWD, proc_path(&**fd), mode, AtFlags::empty()),
-                Loc::At(dir, name) => {
-                    rfs::chmodat(&**dir, OsStr::from_bytes(name), mode, AtFlags::empty())
-                }
-                Loc::Open(handle) => rfs::fchmod(open_file(handle)?, mode),
+                Loc::Dir(fd) => beneath::chmod_opened(&**fd, mode),
+                Loc::At(dir, name) => beneath::chmod_at(&**dir, OsStr::from_bytes(name), mode),
+                Loc::Open(handle) => rfs::fchmod(&handle.file, Mode::from_raw_mode(mode))
+                    .map_err(std::io::Error::from),
             }
-            .map_err(os)?;
+            .map_err(FsError::Os)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.map(rustix::process::Uid::from_raw);
@@ -457,17 +518,50 @@ impl StagingTree {
         }
     }
 
-    fn give_to(&self, parent: &OwnedFd, name: &OsStr, caller: Caller) {
+    /// Gives a new entry its caller's ids (when the daemon may) and exactly the mode
+    /// asked for, acting on the descriptor `entry` of what was created (`None` for a
+    /// symlink, which is changed by name without following it). The gid stays the
+    /// parent's when the parent is set-group-ID, and a directory keeps the set-group-ID
+    /// bit it inherited, as a local filesystem does.
+    fn give_to(
+        &self,
+        parent: &OwnedFd,
+        name: &OsStr,
+        entry: Option<&OwnedFd>,
+        mode: Option<u32>,
+        caller: Caller,
+    ) -> Result<(), FsError> {
+        let parent_sgid = rfs::fstat(parent).map_err(os)?.st_mode & libc::S_ISGID != 0;
         if self.can_chown {
-            // Best effort: an entry that keeps the daemon's owner is still usable.
-            let _ = rfs::chownat(
-                parent,
-                name,
-                Some(rustix::process::Uid::from_raw(caller.uid)),
-                Some(rustix::process::Gid::from_raw(caller.gid)),
-                AtFlags::SYMLINK_NOFOLLOW,
-            );
+            let uid = Some(rustix::process::Uid::from_raw(caller.uid));
+            let gid = (!parent_sgid).then(|| rustix::process::Gid::from_raw(caller.gid));
+            match entry {
+                // AT_EMPTY_PATH: the descriptor may be O_PATH, which fchown refuses.
+                Some(fd) => rfs::chownat(
+                    fd,
+                    "",
+                    uid,
+                    gid,
+                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+                ),
+                None => rfs::chownat(parent, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
+            }
+            .map_err(os)?;
         }
+        if let (Some(fd), Some(mode)) = (entry, mode) {
+            let stat = rfs::fstat(fd).map_err(os)?;
+            let is_dir = rfs::FileType::from_raw_mode(stat.st_mode) == rfs::FileType::Directory;
+            let inherited = if is_dir {
+                stat.st_mode & libc::S_ISGID
+            } else {
+                0
+            };
+            let wanted = (mode & 0o7777) | inherited;
+            if stat.st_mode & 0o7777 != wanted {
+                beneath::chmod_opened(fd, wanted).map_err(FsError::Os)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn mkdir(
@@ -477,11 +571,56 @@ impl StagingTree {
         mode: u32,
         caller: Caller,
     ) -> Result<Attr, FsError> {
+        let _changing = self.changing();
         self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
         rfs::mkdirat(&*parent_fd, os_name, Mode::from_raw_mode(mode & 0o7777)).map_err(os)?;
-        self.give_to(&parent_fd, os_name, caller);
+        let dir = rfs::openat(
+            &*parent_fd,
+            os_name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        self.give_to(&parent_fd, os_name, Some(&dir), Some(mode), caller)?;
+        self.lookup(parent, name)
+    }
+
+    /// Makes a FIFO or a socket; device files are refused (see the module comment).
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        let kind = rfs::FileType::from_raw_mode(mode);
+        if !matches!(kind, rfs::FileType::Fifo | rfs::FileType::Socket) {
+            return Err(FsError::NotPermitted(
+                "device files cannot be made in staging/",
+            ));
+        }
+        let _changing = self.changing();
+        self.check_not_frozen(parent)?;
+        let parent_fd = self.fd(parent)?;
+        let os_name = OsStr::from_bytes(name);
+        rfs::mknodat(
+            &*parent_fd,
+            os_name,
+            kind,
+            Mode::from_raw_mode(mode & 0o7777),
+            0,
+        )
+        .map_err(os)?;
+        let node = rfs::openat(
+            &*parent_fd,
+            os_name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        self.give_to(&parent_fd, os_name, Some(&node), Some(mode), caller)?;
         self.lookup(parent, name)
     }
 
@@ -492,15 +631,18 @@ impl StagingTree {
         target: &[u8],
         caller: Caller,
     ) -> Result<Attr, FsError> {
+        let _changing = self.changing();
         self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
         rfs::symlinkat(OsStr::from_bytes(target), &*parent_fd, os_name).map_err(os)?;
-        self.give_to(&parent_fd, os_name, caller);
+        self.give_to(&parent_fd, os_name, None, None, caller)?;
         self.lookup(parent, name)
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
+        let _changing = self.changing();
+        self.check_not_frozen(ino)?;
         self.check_not_frozen(new_parent)?;
         let parent_fd = self.fd(new_parent)?;
         let new_name_os = OsStr::from_bytes(new_name);
@@ -520,6 +662,7 @@ impl StagingTree {
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        let _changing = self.changing();
         self.check_child_not_frozen(parent, name)?;
         let fd = self.fd(parent)?;
         let victim = self.child_ino(&fd, name);
@@ -531,6 +674,7 @@ impl StagingTree {
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        let _changing = self.changing();
         self.check_child_not_frozen(parent, name)?;
         let fd = self.fd(parent)?;
         rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)
@@ -544,6 +688,7 @@ impl StagingTree {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), FsError> {
+        let _changing = self.changing();
         self.check_child_not_frozen(parent, name)?;
         self.check_child_not_frozen(new_parent, new_name)?;
         let from = self.fd(parent)?;
@@ -595,10 +740,11 @@ impl StagingTree {
     /// backing file).
     pub fn open(&self, ino: u64, flags: i32) -> Result<(u64, File), FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let _changing = writable.then(|| self.changing());
         let loc = self.loc(ino)?;
-        // The frozen check and the handle's registration happen under the handles
-        // lock, which `freeze` also takes: a seal cannot start between the two and miss
-        // a writer.
+        // The frozen check and the handle's registration happen under the gate (for
+        // writers) and the handles lock, both of which `freeze` takes: a seal cannot
+        // start between the two and miss a writer.
         let mut handles = self.handles.lock().expect("handles lock");
         if writable {
             self.check_not_frozen(ino)?;
@@ -630,23 +776,33 @@ impl StagingTree {
         flags: i32,
         caller: Caller,
     ) -> Result<(Attr, u64, File), FsError> {
+        let _changing = self.changing();
         let parent_fd = self.fd(parent)?;
-        // As in `open`: checked and registered under the lock `freeze` takes.
+        // As in `open`: checked and registered under the locks `freeze` takes.
         let mut handles = self.handles.lock().expect("handles lock");
         self.check_not_frozen(parent)?;
         let os_name = OsStr::from_bytes(name);
-        let file: File = rfs::openat(
+        let flags = OFlags::from_bits_retain(flags as u32) | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let created = rfs::openat(
             &*parent_fd,
             os_name,
-            OFlags::from_bits_retain(flags as u32)
-                | OFlags::CREATE
-                | OFlags::NOFOLLOW
-                | OFlags::CLOEXEC,
+            flags | OFlags::CREATE | OFlags::EXCL,
             Mode::from_raw_mode(mode & 0o7777),
-        )
-        .map_err(os)?
+        );
+        let file: File = match created {
+            Ok(fd) => {
+                // Only what this call created gets the caller's ids and mode.
+                self.give_to(&parent_fd, os_name, Some(&fd), Some(mode), caller)?;
+                fd
+            }
+            // Another writer made it first; without O_EXCL the caller opens theirs.
+            Err(rustix::io::Errno::EXIST) if !flags.contains(OFlags::EXCL) => {
+                rfs::openat(&*parent_fd, os_name, flags - OFlags::CREATE, Mode::empty())
+                    .map_err(os)?
+            }
+            Err(e) => return Err(os(e)),
+        }
         .into();
-        self.give_to(&parent_fd, os_name, caller);
         let attr = self.lookup(parent, name)?;
         let (fh, backing) = self.register_file(&mut handles, file, attr.ino, true)?;
         Ok((attr, fh, backing))
@@ -665,6 +821,7 @@ impl StagingTree {
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let _changing = self.changing();
         let handle = self.handle(fh);
         let Some(Handle { file, ino, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
@@ -733,11 +890,7 @@ impl StagingTree {
         while let Some(entry) = dir.read() {
             let entry = entry.map_err(os)?;
             let name = entry.file_name().to_bytes();
-            let kind = match entry.file_type() {
-                rfs::FileType::Directory => FileKind::Directory,
-                rfs::FileType::Symlink => FileKind::Symlink,
-                _ => FileKind::File,
-            };
+            let kind = file_kind(entry.file_type());
             let entry_ino = match name {
                 b"." => ino,
                 b".." if ino == inode::STAGING => inode::ROOT,
@@ -756,46 +909,95 @@ impl StagingTree {
         rfs::fstatvfs(&*self.root_fd).map_err(os)
     }
 
-    /// Freezes the workspace `name` for sealing: fails if it is not a directory or
-    /// if any of its files is open for writing. Returns its backing path.
-    pub fn freeze(&self, name: &[u8]) -> Result<(PathBuf, Vec<u64>), FsError> {
-        let path = self.path_of(name);
-        let meta = std::fs::symlink_metadata(&path).map_err(FsError::Os)?;
-        if !meta.is_dir() {
-            return Err(FsError::NotADirectory);
-        }
-        let mut inodes = vec![self.fuse_ino(std::os::unix::fs::MetadataExt::ino(&meta))];
-        collect_inodes(&path, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
+    /// Freezes the workspace `name` for sealing: fails if it is not a directory or if
+    /// any of its files is open for writing. Holds the gate for writing throughout, so
+    /// that the set of frozen inodes is the whole workspace at one instant.
+    pub fn freeze(&self, name: &[u8]) -> Result<Frozen, FsError> {
+        let _gate = self.gate.write().expect("staging gate");
+        let dir =
+            beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
+                match e.raw_os_error() {
+                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotADirectory,
+                    _ => FsError::Os(e),
+                }
+            })?;
+        let mut inodes = Vec::new();
+        for_each_inode(&dir, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
         let handles = self.handles.lock().expect("handles lock");
         let mut frozen = self.frozen.lock().expect("frozen lock");
         let set: HashSet<u64> = inodes.iter().copied().collect();
         let busy = handles
             .values()
             .any(|h| matches!(**h, Handle { ino, writable: true, .. } if set.contains(&ino)));
-        if busy {
-            return Err(FsError::Busy);
-        }
-        if inodes.iter().any(|i| frozen.contains(i)) {
+        if busy || inodes.iter().any(|i| frozen.contains(i)) {
             return Err(FsError::Busy);
         }
         frozen.extend(inodes.iter().copied());
-        Ok((path, inodes))
+        Ok(Frozen {
+            name: name.to_vec(),
+            dir,
+            inodes,
+        })
     }
 
-    pub fn thaw(&self, inodes: &[u64]) {
-        let mut frozen = self.frozen.lock().expect("frozen lock");
-        for ino in inodes {
-            frozen.remove(ino);
+    pub fn thaw(&self, frozen: Frozen) {
+        let mut set = self.frozen.lock().expect("frozen lock");
+        for ino in &frozen.inodes {
+            set.remove(ino);
         }
+    }
+
+    /// Deletes a sealed workspace, if `staging/NAME` is still the directory that was
+    /// frozen (it cannot have been renamed or replaced meanwhile: it is frozen), and
+    /// thaws its inode numbers.
+    pub fn remove_sealed(&self, frozen: Frozen) -> std::io::Result<()> {
+        let name = OsStr::from_bytes(&frozen.name);
+        let same = |a: &rfs::Stat, b: &rfs::Stat| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino);
+        let result = (|| {
+            let now = beneath::open_dir(&*self.root_fd, name)?;
+            let (now, then) = (rfs::fstat(&now)?, rfs::fstat(&frozen.dir)?);
+            if !same(&now, &then) {
+                return Err(std::io::Error::other(
+                    "the workspace was replaced during the seal",
+                ));
+            }
+            beneath::remove_at(&*self.root_fd, name)
+        })();
+        self.thaw(frozen);
+        result
     }
 }
 
-fn collect_inodes(dir: &Path, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
-    for entry in std::fs::read_dir(dir).map_err(FsError::Os)? {
-        let entry = entry.map_err(FsError::Os)?;
-        add(std::os::unix::fs::DirEntryExt::ino(&entry));
-        if entry.file_type().map_err(FsError::Os)?.is_dir() {
-            collect_inodes(&entry.path(), add)?;
+/// Calls `add` with the inode number of `dir` and of everything below it, entering
+/// directories through descriptors only. Iterative: a tree of any depth is walked
+/// without exhausting the stack, holding one descriptor per level.
+fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
+    add(rfs::fstat(dir).map_err(os)?.st_ino);
+    let listing = |fd: &OwnedFd| rfs::Dir::read_from(fd).map_err(os);
+    let first = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
+    let mut stack = vec![(listing(&first)?, first)];
+    while let Some((entries, fd)) = stack.last_mut() {
+        let Some(entry) = entries.read() else {
+            stack.pop();
+            continue;
+        };
+        let entry = entry.map_err(os)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        add(entry.ino());
+        let is_dir = match entry.file_type() {
+            rfs::FileType::Unknown => {
+                beneath::kind_at(&*fd, OsStr::from_bytes(name)).map_err(FsError::Os)?
+                    == Some(rfs::FileType::Directory)
+            }
+            kind => kind == rfs::FileType::Directory,
+        };
+        if is_dir {
+            let child = beneath::open_dir(&*fd, OsStr::from_bytes(name)).map_err(FsError::Os)?;
+            let child_entries = listing(&child)?;
+            stack.push((child_entries, child));
         }
     }
     Ok(())

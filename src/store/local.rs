@@ -1,19 +1,28 @@
 //! A local directory as a checkpoint store: `DIR/<name>` plus `DIR/<name>.meta.json`.
 //!
-//! Writes are atomic and never replace an object: the bytes go to a temporary file in
-//! `DIR`, are fsynced, and are then hard-linked to their final name (`link` fails if
-//! the name exists, which is how two concurrent writers of one checkpoint agree). The
-//! sidecar is written the same way *before* the object appears, so a reader that sees
-//! the object also sees its metadata. Temporary files start with `.tmp-` and are
-//! ignored by listings.
+//! Writes are atomic: the bytes go to a temporary file in `DIR`, are fsynced, and are
+//! then hard-linked to their final name (`link` fails if the name exists, which is how
+//! two concurrent writers of one checkpoint agree), or renamed over it when a damaged
+//! object is replaced. The sidecar is written the same way *before* the object
+//! appears, so a reader that sees the object also sees its metadata; a sidecar left
+//! without its object by a failed link is removed. Temporary files start with `.tmp-`,
+//! are ignored by listings, and those a crashed writer left behind for more than an
+//! hour are removed by the next put.
+//!
+//! The directory may be shared with other users or tools: objects and sidecars are
+//! opened with `O_NOFOLLOW | O_NONBLOCK` and must be regular files (a symlink or a FIFO
+//! planted under an object's name is refused, never followed or waited on), and a
+//! sidecar is read only up to [`MAX_SIDECAR`] bytes.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use super::{
     CheckpointMetadata, MetadataDocument, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore,
-    Progress, PutOutcome, StoreError,
+    Progress, PutMode, PutOutcome, StoreError,
 };
 
 pub struct LocalStore {
@@ -21,14 +30,48 @@ pub struct LocalStore {
 }
 
 const SIDECAR_SUFFIX: &str = ".meta.json";
+const TEMP_PREFIX: &str = ".tmp-";
+/// Sidecars are a few dozen bytes; anything larger is not one of ours.
+pub const MAX_SIDECAR: u64 = 64 * 1024;
+/// A temporary file older than this belongs to a put that died.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+
+/// Opens `path` for reading if it is a regular file, without following a symlink or
+/// blocking on a FIFO.
+fn open_regular(path: &Path) -> io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
 
 impl LocalStore {
-    /// Opens (creating if needed) the store directory.
+    /// Opens an existing store directory.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        match fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => Ok(LocalStore {
+                dir: dir.to_owned(),
+            }),
+            Ok(_) => Err(StoreError::io(
+                "open store",
+                dir,
+                io::Error::new(io::ErrorKind::InvalidInput, "not a directory"),
+            )),
+            Err(e) => Err(StoreError::io("open store", dir, e)),
+        }
+    }
+
+    /// Opens the store directory, creating it if it does not exist.
+    pub fn create(dir: &Path) -> Result<Self, StoreError> {
         fs::create_dir_all(dir).map_err(|e| StoreError::io("create store directory", dir, e))?;
-        Ok(LocalStore {
-            dir: dir.to_owned(),
-        })
+        Self::open(dir)
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -41,9 +84,21 @@ impl LocalStore {
 
     fn read_sidecar(&self, name: &str) -> (Option<String>, Option<String>) {
         let path = self.sidecar(name);
-        let Ok(text) = fs::read_to_string(&path) else {
-            return (None, None);
-        };
+        let mut text = String::new();
+        let read =
+            open_regular(&path).and_then(|f| f.take(MAX_SIDECAR + 1).read_to_string(&mut text));
+        match read {
+            Ok(n) if n as u64 > MAX_SIDECAR => {
+                tracing::warn!(path = %path.display(), "ignoring a sidecar larger than {MAX_SIDECAR} bytes");
+                return (None, None);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return (None, None),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable sidecar");
+                return (None, None);
+            }
+        }
         match serde_json::from_str::<MetadataDocument>(&text) {
             Ok(doc) => {
                 let size = doc.size.map(|v| match v {
@@ -65,7 +120,7 @@ impl LocalStore {
         write: impl FnOnce(&mut File) -> io::Result<()>,
     ) -> Result<tempfile::TempPath, StoreError> {
         let mut tmp = tempfile::Builder::new()
-            .prefix(".tmp-")
+            .prefix(TEMP_PREFIX)
             .tempfile_in(&self.dir)
             .map_err(|e| StoreError::io("create temporary file in", &self.dir, e))?;
         write(tmp.as_file_mut())
@@ -78,6 +133,31 @@ impl LocalStore {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| StoreError::io("fsync", &self.dir, e))
+    }
+
+    /// Removes temporary files that a put which died left behind.
+    fn remove_stale_temporaries(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let now = SystemTime::now();
+        for entry in entries.flatten() {
+            let is_temp = entry
+                .file_name()
+                .as_encoded_bytes()
+                .starts_with(TEMP_PREFIX.as_bytes());
+            let stale = entry
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > STALE_TEMP);
+            if is_temp && stale {
+                tracing::info!(path = %entry.path().display(), "removing a temporary file left by an interrupted put");
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
@@ -94,10 +174,11 @@ impl ObjectStore for LocalStore {
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
-            if name.starts_with(".tmp-") || name.ends_with(SIDECAR_SUFFIX) {
+            if name.starts_with(TEMP_PREFIX) || name.ends_with(SIDECAR_SUFFIX) {
                 continue;
             }
-            // A file deleted between readdir and stat is simply not listed.
+            // A file deleted between readdir and stat is simply not listed; `metadata`
+            // does not follow symlinks, so a planted symlink is not listed either.
             let Ok(meta) = entry.metadata() else { continue };
             if !meta.is_file() {
                 continue;
@@ -113,7 +194,7 @@ impl ObjectStore for LocalStore {
 
     fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
         let path = self.path(name);
-        let file = match File::open(&path) {
+        let file = match open_regular(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::NotFound { name: name.into() });
@@ -149,9 +230,11 @@ impl ObjectStore for LocalStore {
         name: &str,
         path: &Path,
         metadata: &CheckpointMetadata,
+        mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {
-        if self.exists(name)? {
+        self.remove_stale_temporaries();
+        if mode == PutMode::IfAbsent && self.exists(name)? {
             return Ok(PutOutcome::AlreadyPresent);
         }
         let doc = serde_json::json!({"sha256": metadata.sha256, "size": metadata.size});
@@ -167,10 +250,20 @@ impl ObjectStore for LocalStore {
             .persist(&sidecar)
             .map_err(|e| StoreError::io("rename into", &sidecar, e.error))?;
         let final_path = self.path(name);
-        let outcome = match fs::hard_link(&object_tmp, &final_path) {
+        let linked = match mode {
+            PutMode::IfAbsent => fs::hard_link(&object_tmp, &final_path),
+            PutMode::Overwrite => fs::rename(&object_tmp, &final_path),
+        };
+        let outcome = match linked {
             Ok(()) => PutOutcome::Stored,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => PutOutcome::AlreadyPresent,
-            Err(e) => return Err(StoreError::io("link", &final_path, e)),
+            Err(e) => {
+                // Do not leave a sidecar that describes no object.
+                if !self.exists(name).unwrap_or(true) {
+                    let _ = fs::remove_file(&sidecar);
+                }
+                return Err(StoreError::io("link", &final_path, e));
+            }
         };
         drop(object_tmp); // removes the temporary name; the object keeps the inode
         self.sync_dir()?;

@@ -9,8 +9,11 @@
 //! - `list` never downloads or HEADs individual objects;
 //! - `put` is atomic: readers see either no object or the whole object, and a put
 //!   that fails leaves nothing behind (no temporary file, no multipart upload);
-//! - `put` never replaces an existing object: it answers [`PutOutcome::AlreadyPresent`].
-//!   Names are content digests, so an existing object already has the same bytes.
+//! - `put` with [`PutMode::IfAbsent`] never replaces an existing object: it answers
+//!   [`PutOutcome::AlreadyPresent`]. Whether that object is good is the caller's to
+//!   check (names are digests, but an object can be damaged or planted);
+//!   [`PutMode::Overwrite`] replaces one that was found bad, atomically;
+//! - uploads carry the SHA-256 of what is sent, for the server to check.
 
 pub mod local;
 pub mod s3;
@@ -51,6 +54,14 @@ pub struct ObjectReader {
 pub struct CheckpointMetadata {
     pub sha256: String,
     pub size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Store unless the name exists.
+    IfAbsent,
+    /// Store whether or not the name exists, replacing it atomically.
+    Overwrite,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,12 +119,14 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
 
-    /// Stores the file at `path` as `name` with `metadata`, unless `name` exists.
+    /// Stores the file at `path` as `name` with `metadata`; with
+    /// [`PutMode::IfAbsent`], only if `name` does not exist.
     fn put(
         &self,
         name: &str,
         path: &Path,
         metadata: &CheckpointMetadata,
+        mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError>;
 }

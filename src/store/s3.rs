@@ -5,6 +5,9 @@
 //! `AWS_ENDPOINT_URL`) switches to path-style addressing, which MinIO, R2 and local
 //! test servers expect. Request checksums are only sent when an operation requires
 //! them, because several S3-compatible servers reject the newer trailing checksums.
+//! Uploads carry a precomputed `x-amz-checksum-sha256` header instead (of the whole
+//! object, or of each part), which the server checks against the bytes it receives:
+//! a transfer damaged on the way is refused (BadDigest) rather than stored.
 //!
 //! The trait is blocking; this store owns a small tokio runtime and blocks on it, so it
 //! must not be called from inside another tokio runtime.
@@ -25,13 +28,13 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::{ByteStream, Length};
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
 use bytes::{Buf, Bytes};
 use tokio::runtime::Runtime;
 
 use super::{
-    CheckpointMetadata, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutOutcome,
-    S3Options, StoreError,
+    CheckpointMetadata, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode,
+    PutOutcome, S3Options, StoreError,
 };
 
 /// S3 rejects parts smaller than this (except the last one).
@@ -60,7 +63,8 @@ impl S3Store {
             .endpoint_url
             .clone()
             .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            .filter(|e| !e.is_empty());
+            .filter(|e| !e.is_empty())
+            .map(|e| without_userinfo(&e));
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(endpoint) = &endpoint {
             // A custom endpoint is MinIO, R2 or a local server: asking the EC2 instance
@@ -105,24 +109,11 @@ impl S3Store {
     where
         E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
     {
-        // Service errors carry a code and message worth showing; for the others
-        // (connection refused, timeouts) the whole chain of causes is the message.
-        let message = match err {
-            SdkError::ServiceError(service) => {
-                let status = service.raw().status().as_u16();
-                match (service.err().code(), service.err().message()) {
-                    (Some(code), Some(text)) => format!("{code}: {text} (HTTP {status})"),
-                    (Some(code), None) => format!("{code} (HTTP {status})"),
-                    _ => format!("HTTP {status}: {}", DisplayErrorContext(err)),
-                }
-            }
-            other => DisplayErrorContext(other).to_string(),
-        };
-        StoreError::Remote {
+        remote_error(
             operation,
-            name: format!("s3://{}/{}", self.bucket, self.key(name)),
-            message,
-        }
+            format!("s3://{}/{}", self.bucket, self.key(name)),
+            err,
+        )
     }
 
     async fn put_single(
@@ -130,7 +121,12 @@ impl S3Store {
         name: &str,
         path: &Path,
         metadata: &HashMap<String, String>,
+        sha256_hex: &str,
+        mode: PutMode,
     ) -> Result<PutOutcome, StoreError> {
+        let checksum = hex::decode(sha256_hex)
+            .map(aws_smithy_types::base64::encode)
+            .map_err(|e| StoreError::io("hash", path, io::Error::other(e)))?;
         let body = ByteStream::from_path(path)
             .await
             .map_err(|e| StoreError::io("read", path, io::Error::other(e)))?;
@@ -140,7 +136,8 @@ impl S3Store {
             .bucket(&self.bucket)
             .key(self.key(name))
             .set_metadata(Some(metadata.clone()))
-            .if_none_match("*")
+            .set_if_none_match(if_absent(mode))
+            .checksum_sha256(checksum)
             .body(body)
             .send()
             .await;
@@ -157,6 +154,7 @@ impl S3Store {
         path: &Path,
         size: u64,
         metadata: &HashMap<String, String>,
+        mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {
         let key = self.key(name);
@@ -166,6 +164,7 @@ impl S3Store {
             .bucket(&self.bucket)
             .key(&key)
             .set_metadata(Some(metadata.clone()))
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
             .send()
             .await
             .map_err(|e| self.remote_error("CreateMultipartUpload", name, &e))?;
@@ -191,7 +190,7 @@ impl S3Store {
                     .set_parts(Some(parts))
                     .build(),
             )
-            .if_none_match("*")
+            .set_if_none_match(if_absent(mode))
             .send()
             .await;
         let result = match completed {
@@ -259,13 +258,6 @@ impl S3Store {
             while next < part_count && in_flight.len() < PARTS_IN_FLIGHT {
                 let offset = next * self.part_size;
                 let length = self.part_size.min(size - offset);
-                let body = ByteStream::read_from()
-                    .path(path)
-                    .offset(offset)
-                    .length(Length::Exact(length))
-                    .build()
-                    .await
-                    .map_err(|e| StoreError::io("read", path, io::Error::other(e)))?;
                 let number = (next + 1) as i32;
                 let request = self
                     .client
@@ -273,32 +265,130 @@ impl S3Store {
                     .bucket(&self.bucket)
                     .key(self.key(name))
                     .upload_id(upload_id)
-                    .part_number(number)
-                    .body(body);
-                in_flight.spawn(async move { (number, length, request.send().await) });
+                    .part_number(number);
+                let (path, shown) = (
+                    path.to_owned(),
+                    format!("s3://{}/{}", self.bucket, self.key(name)),
+                );
+                // Each part carries the SHA-256 of its bytes, hashed in the part's own
+                // task so that hashing overlaps with the other parts' uploads.
+                in_flight.spawn(async move {
+                    let read_error = |e: io::Error| StoreError::io("read", &path, e);
+                    let checksum = {
+                        let path = path.clone();
+                        tokio::task::spawn_blocking(move || {
+                            sha256_base64_of_range(&path, offset, length)
+                        })
+                        .await
+                        .map_err(io::Error::other)
+                        .and_then(|r| r)
+                        .map_err(read_error)?
+                    };
+                    let body = ByteStream::read_from()
+                        .path(&path)
+                        .offset(offset)
+                        .length(Length::Exact(length))
+                        .build()
+                        .await
+                        .map_err(|e| read_error(io::Error::other(e)))?;
+                    let uploaded = request
+                        .checksum_sha256(&checksum)
+                        .body(body)
+                        .send()
+                        .await
+                        .map_err(|e| remote_error("UploadPart", shown, &e))?;
+                    let part = CompletedPart::builder()
+                        .part_number(number)
+                        .set_e_tag(uploaded.e_tag().map(str::to_owned))
+                        .checksum_sha256(checksum)
+                        .build();
+                    Ok::<_, StoreError>((part, length))
+                });
                 next += 1;
             }
             let Some(joined) = in_flight.join_next().await else {
                 break;
             };
-            let (number, length, result) = joined.map_err(|e| StoreError::Remote {
+            let (part, length) = joined.map_err(|e| StoreError::Remote {
                 operation: "UploadPart",
                 name: name.to_owned(),
                 message: e.to_string(),
-            })?;
-            let uploaded = result.map_err(|e| self.remote_error("UploadPart", name, &e))?;
-            parts.push(
-                CompletedPart::builder()
-                    .part_number(number)
-                    .set_e_tag(uploaded.e_tag().map(str::to_owned))
-                    .build(),
-            );
+            })??;
+            parts.push(part);
             done += length;
             progress(done, size);
         }
         parts.sort_by_key(|p| p.part_number());
         Ok(parts)
     }
+}
+
+/// The endpoint URL without a `user:password@` part. S3 requests are signed with the
+/// credentials of the AWS chain; userinfo in the URL is never used, and dropping it
+/// here means it can reach no log line, error message or `.status`.
+fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            tracing::warn!(
+                "ignoring the user name and password in the endpoint URL; credentials come from the AWS chain"
+            );
+            format!("{scheme}://{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn remote_error<E>(operation: &'static str, name: String, err: &SdkError<E>) -> StoreError
+where
+    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+{
+    // Service errors carry a code and message worth showing; for the others
+    // (connection refused, timeouts) the whole chain of causes is the message.
+    let message = match err {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            match (service.err().code(), service.err().message()) {
+                (Some(code), Some(text)) => format!("{code}: {text} (HTTP {status})"),
+                (Some(code), None) => format!("{code} (HTTP {status})"),
+                _ => format!("HTTP {status}: {}", DisplayErrorContext(err)),
+            }
+        }
+        other => DisplayErrorContext(other).to_string(),
+    };
+    StoreError::Remote {
+        operation,
+        name,
+        message,
+    }
+}
+
+/// The `x-amz-checksum-sha256` value (base64 of the digest) of `path`'s bytes from
+/// `offset`, `length` of them.
+fn sha256_base64_of_range(path: &Path, offset: u64, length: u64) -> io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::{Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut part = file.take(length);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = part.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(aws_smithy_types::base64::encode(hasher.finalize()))
+}
+
+/// `If-None-Match: *` for a put that must not replace an existing object.
+fn if_absent(mode: PutMode) -> Option<String> {
+    (mode == PutMode::IfAbsent).then(|| "*".to_owned())
 }
 
 fn is_precondition_failed<E>(err: &SdkError<E>) -> bool {
@@ -391,6 +481,7 @@ impl ObjectStore for S3Store {
         name: &str,
         path: &Path,
         metadata: &CheckpointMetadata,
+        mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {
         let user_metadata = HashMap::from([
@@ -399,10 +490,12 @@ impl ObjectStore for S3Store {
         ]);
         self.runtime.block_on(async {
             if metadata.size > self.part_size {
-                self.put_multipart(name, path, metadata.size, &user_metadata, progress)
+                self.put_multipart(name, path, metadata.size, &user_metadata, mode, progress)
                     .await
             } else {
-                let outcome = self.put_single(name, path, &user_metadata).await?;
+                let outcome = self
+                    .put_single(name, path, &user_metadata, &metadata.sha256, mode)
+                    .await?;
                 progress(metadata.size, metadata.size);
                 Ok(outcome)
             }
@@ -430,5 +523,23 @@ impl Read for BodyReader {
         buf[..n].copy_from_slice(&self.chunk[..n]);
         self.chunk.advance(n);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_userinfo;
+
+    #[test]
+    fn endpoint_userinfo_is_dropped() {
+        assert_eq!(
+            without_userinfo("http://127.0.0.1:9000"),
+            "http://127.0.0.1:9000"
+        );
+        assert_eq!(
+            without_userinfo("https://key:s3cr3t@minio.local:9000/base"),
+            "https://minio.local:9000/base"
+        );
+        assert_eq!(without_userinfo("http://a@b@host/p@q"), "http://host/p@q");
     }
 }

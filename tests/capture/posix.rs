@@ -3,7 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
@@ -357,10 +357,36 @@ fn staging_behaves_like_a_local_directory() {
     }
     assert!(!p("config.lock").exists());
 
-    // Device files and FIFOs are refused; extended attributes are "not supported".
+    // FIFOs and sockets can be made (tools make them in workspaces; seals skip them);
+    // device files are refused; extended attributes are "not supported".
     // SAFETY: the path is NUL-terminated.
     let fifo = libc_result(unsafe { libc::mkfifo(c_path(&p("fifo")).as_ptr(), 0o644) });
-    assert_errno("mkfifo", fifo, libc::EPERM);
+    fifo.expect("mkfifo in staging");
+    assert!(
+        fs::symlink_metadata(p("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    let socket = std::os::unix::net::UnixListener::bind(p("socket")).expect("bind a socket");
+    assert!(
+        fs::symlink_metadata(p("socket"))
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    drop(socket);
+    // SAFETY: the path is NUL-terminated; makedev has no preconditions.
+    let device = libc_result(unsafe {
+        libc::mknod(
+            c_path(&p("null")).as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 3),
+        )
+    });
+    assert_errno("mknod of a device", device, libc::EPERM);
+    fs::remove_file(p("fifo")).unwrap();
+    fs::remove_file(p("socket")).unwrap();
     let (name, value) = (c"user.test", b"v");
     // SAFETY: the path and name are NUL-terminated; value points to value.len() bytes.
     let set = libc_result(unsafe {

@@ -1,0 +1,324 @@
+//! File operations that never leave a directory: everything is reached from a
+//! directory descriptor, one name at a time, without following a symlink.
+//!
+//! This is how ckptfs touches anything a hostile party could have shaped: the paths in
+//! an archive being restored, and the trees that a sandboxed writer builds under
+//! `staging/`. The rules:
+//! - a directory is entered with `openat(O_DIRECTORY | O_NOFOLLOW)` on one name, so a
+//!   symlink on the way fails the call (`ELOOP`) instead of being followed, and `..`
+//!   is never passed (callers split paths with [`crate::archive::clean_path`] or take
+//!   names from `readdir`);
+//! - what was opened is what is acted on: attributes are set with `fchmod`, `fchown`
+//!   and `futimens` on the descriptor, or with `AT_SYMLINK_NOFOLLOW` on a name in an
+//!   opened directory; nothing learnt about a path is reused later without opening it
+//!   again.
+//!
+//! A check on a path string followed by an action on the same string is the bug this
+//! module exists to avoid: the path can be swapped in between.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+
+fn os(e: rustix::io::Errno) -> io::Error {
+    io::Error::from(e)
+}
+
+/// Opens the directory `name` in `dir` for reading, refusing a symlink (`ELOOP`) or
+/// anything that is not a directory (`ENOTDIR`).
+pub fn open_dir(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+    let dir = dir.as_fd();
+    rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        // With O_DIRECTORY, a symlink is "not a directory" too; say which it was.
+        rustix::io::Errno::NOTDIR
+            if kind_at(dir, name).ok().flatten() == Some(FileType::Symlink) =>
+        {
+            io::Error::from_raw_os_error(libc::ELOOP)
+        }
+        e => os(e),
+    })
+}
+
+/// Opens the directory `root/parts[0]/parts[1]/...`, one component at a time.
+pub fn open_dir_path(root: BorrowedFd<'_>, parts: &[&[u8]]) -> io::Result<OwnedFd> {
+    let mut dir = rfs::openat(
+        root,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(os)?;
+    for part in parts {
+        dir = open_dir(&dir, OsStr::from_bytes(part))?;
+    }
+    Ok(dir)
+}
+
+/// Why [`make_dirs`] could not reach a directory.
+#[derive(Debug)]
+pub enum WalkError {
+    /// A component is a symlink: following it could leave the root.
+    Symlink,
+    /// A component exists and is not a directory.
+    NotADirectory,
+    Io(io::Error),
+}
+
+impl From<io::Error> for WalkError {
+    fn from(e: io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ELOOP) => WalkError::Symlink,
+            Some(libc::ENOTDIR) => WalkError::NotADirectory,
+            _ => WalkError::Io(e),
+        }
+    }
+}
+
+/// Opens the directory at `parts` below `root`, creating missing components with
+/// `mode` (before the umask) and calling `created` for each one made.
+pub fn make_dirs(
+    root: BorrowedFd<'_>,
+    parts: &[&[u8]],
+    mode: u32,
+    created: &mut dyn FnMut() -> io::Result<()>,
+) -> Result<OwnedFd, WalkError> {
+    let mut dir = open_dir_path(root, &[])?;
+    for part in parts {
+        let name = OsStr::from_bytes(part);
+        dir = match open_dir(&dir, name) {
+            Ok(next) => next,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                created()?;
+                match rfs::mkdirat(&dir, name, Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(os(e).into()),
+                }
+                open_dir(&dir, name)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(dir)
+}
+
+/// The type of `name` in `dir`, if it exists (a symlink is reported as one).
+pub fn kind_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<FileType>> {
+    match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(FileType::from_raw_mode(stat.st_mode))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(os(e)),
+    }
+}
+
+/// Removes `name` from `dir`: a file, a symlink (never its target), or a whole
+/// directory tree (entered only through directories, never through symlinks).
+pub fn remove_at(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    let dir = dir.as_fd();
+    match kind_at(dir, name)? {
+        None => Ok(()),
+        Some(FileType::Directory) => remove_tree(dir, name),
+        Some(_) => rfs::unlinkat(dir, name, AtFlags::empty()).map_err(os),
+    }
+}
+
+/// Removes the directory `name` of `dir` and everything in it. Iterative, so that a
+/// tree of any depth cannot exhaust the stack; holds one descriptor per level.
+fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    // Each level: the directory's descriptor and its name in the level above.
+    let mut stack: Vec<(OwnedFd, Vec<u8>)> = vec![(open_dir(dir, name)?, name.as_bytes().to_vec())];
+    while let Some(depth) = stack.len().checked_sub(1) {
+        let fd = stack[depth].0.as_fd();
+        let mut subdir = None;
+        let mut listing = rfs::Dir::read_from(fd).map_err(os)?;
+        while let Some(entry) = listing.read() {
+            let entry = entry.map_err(os)?;
+            let child = entry.file_name().to_bytes();
+            if child == b"." || child == b".." {
+                continue;
+            }
+            let child_name = OsStr::from_bytes(child);
+            let is_dir = match entry.file_type() {
+                FileType::Unknown => kind_at(fd, child_name)? == Some(FileType::Directory),
+                kind => kind == FileType::Directory,
+            };
+            if is_dir {
+                subdir = Some(child.to_vec());
+                break;
+            }
+            match rfs::unlinkat(fd, child_name, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(os(e)),
+            }
+        }
+        if let Some(child) = subdir {
+            let child_fd = open_dir(fd, OsStr::from_bytes(&child))?;
+            stack.push((child_fd, child));
+            continue;
+        }
+        let (_, done) = stack.pop().expect("a level is on the stack");
+        let parent = stack.last().map_or(dir, |(fd, _)| fd.as_fd());
+        match rfs::unlinkat(parent, OsStr::from_bytes(&done), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(os(e)),
+        }
+    }
+    Ok(())
+}
+
+/// `chmod` of `name` in `dir` itself, never of what it points to: a symlink's mode
+/// cannot be changed on Linux (`EOPNOTSUPP`). Uses `fchmodat2` with
+/// `AT_SYMLINK_NOFOLLOW` (Linux 6.6), or else changes the inode opened with
+/// `O_PATH | O_NOFOLLOW` through its `/proc/self/fd` link, as glibc does.
+pub fn chmod_at(dir: impl AsFd, name: &OsStr, mode: u32) -> io::Result<()> {
+    let dir = dir.as_fd();
+    let c_name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: dir is a valid descriptor and c_name a NUL-terminated string, both alive
+    // for the call; fchmodat2 only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fchmodat2,
+            dir.as_raw_fd(),
+            c_name.as_ptr(),
+            mode as libc::mode_t,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(error);
+    }
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(os)?;
+    chmod_opened(&fd, mode)
+}
+
+/// `chmod` of the inode behind `fd`, which may be an `O_PATH` descriptor; refuses a
+/// symlink with `EOPNOTSUPP`.
+pub fn chmod_opened(fd: impl AsFd, mode: u32) -> io::Result<()> {
+    let fd = fd.as_fd();
+    if FileType::from_raw_mode(rfs::fstat(fd).map_err(os)?.st_mode) == FileType::Symlink {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    // The /proc link names the opened inode itself, whatever its path is now.
+    rfs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(os)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn root(path: &std::path::Path) -> OwnedFd {
+        rfs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn walks_refuse_symlinks_and_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        symlink(outside.path(), tmp.path().join("link")).unwrap();
+        let fd = root(tmp.path());
+        assert!(open_dir_path(fd.as_fd(), &[b"d"]).is_ok());
+        let err = open_dir_path(fd.as_fd(), &[b"link"]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let err = open_dir_path(fd.as_fd(), &[b"f"]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
+        let mut made = 0;
+        let result = make_dirs(fd.as_fd(), &[b"link", b"new"], 0o755, &mut || {
+            made += 1;
+            Ok(())
+        });
+        assert!(matches!(result, Err(WalkError::Symlink)));
+        assert_eq!(made, 0);
+        assert!(!outside.path().join("new").exists());
+        make_dirs(fd.as_fd(), &[b"d", b"e", b"g"], 0o755, &mut || {
+            made += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(made, 2);
+        assert!(tmp.path().join("d/e/g").is_dir());
+    }
+
+    #[test]
+    fn remove_never_follows_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"keep").unwrap();
+        let mut deep = tmp.path().join("t");
+        for i in 0..50 {
+            deep = deep.join(format!("level{i}"));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("file"), b"x").unwrap();
+        symlink(outside.path(), deep.join("escape")).unwrap();
+        symlink(outside.path(), tmp.path().join("t/escape")).unwrap();
+        let fd = root(tmp.path());
+        remove_at(&fd, OsStr::new("t")).unwrap();
+        assert!(!tmp.path().join("t").exists());
+        assert_eq!(std::fs::read(outside.path().join("keep")).unwrap(), b"keep");
+        // A symlink to a directory is removed as a link.
+        symlink(outside.path(), tmp.path().join("l")).unwrap();
+        remove_at(&fd, OsStr::new("l")).unwrap();
+        assert!(outside.path().join("keep").exists());
+    }
+
+    #[test]
+    fn chmod_acts_on_the_entry_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        symlink(outside.path(), tmp.path().join("link")).unwrap();
+        std::fs::write(tmp.path().join("file"), b"x").unwrap();
+        let fd = root(tmp.path());
+        let err = chmod_at(&fd, OsStr::new("link"), 0o777).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP));
+        let mode = std::fs::metadata(outside.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600);
+        chmod_at(&fd, OsStr::new("file"), 0o640).unwrap();
+        let mode = std::fs::metadata(tmp.path().join("file"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o640);
+        // The fallback path, as on kernels without fchmodat2.
+        let link =
+            rfs::openat(&fd, "link", OFlags::PATH | OFlags::NOFOLLOW, Mode::empty()).unwrap();
+        assert_eq!(
+            chmod_opened(&link, 0o777).unwrap_err().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
+    }
+}
