@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The project's test command (see README): installs what the tests need, starts a
-# local S3 server (moto), then runs rustfmt, clippy and the whole cargo test suite.
+# local S3 server (moto) and a checksum-checking one (s3s-fs), then runs rustfmt,
+# clippy and the whole cargo test suite.
 # Extra arguments go to `cargo test`, e.g. `bash scripts/test.sh store::`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPTFS_ROOT="$PWD"
 # shellcheck source=scripts/lib/moto.sh
 source scripts/lib/moto.sh
+# shellcheck source=scripts/lib/s3s.sh
+source scripts/lib/s3s.sh
 
 # FUSE tests mount under .tmp/tests/; lazily unmount whatever a crashed test left there.
 unmount_leftovers() {
@@ -29,6 +32,7 @@ cleanup() {
     trap - EXIT INT TERM
     unmount_leftovers || true
     moto_stop || true
+    s3s_stop || true
     exit "$status"
 }
 trap cleanup EXIT
@@ -45,8 +49,11 @@ mkdir -p "$CKPTFS_TMP"
 unmount_leftovers
 venv_setup
 moto_start
+s3s_setup
+s3s_start
 
 export CKPTFS_TEST_S3_ENDPOINT="$MOTO_ENDPOINT"
+export CKPTFS_TEST_S3S_ENDPOINT="$S3S_ENDPOINT"
 export CKPTFS_TEST_PYTHON="$CKPTFS_VENV/bin/python"
 export AWS_ACCESS_KEY_ID=testing
 export AWS_SECRET_ACCESS_KEY=testing

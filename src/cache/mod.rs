@@ -323,7 +323,8 @@ impl Cache {
         let partial = pending.dir.take().expect("a pending entry finishes once");
         let result = write_index(&partial, &index).and_then(|()| {
             fs::rename(&partial, &dir).map_err(io_err(&dir))?;
-            let checkpoint = open_entry_trusted(id, &dir)?;
+            // Served from the index in hand: reading it back would hold two copies.
+            let checkpoint = entry_with_index(id, &dir, index)?;
             self.touch(id, &dir, checkpoint.index.unpacked_bytes);
             Ok(Arc::new(checkpoint))
         });
@@ -440,9 +441,16 @@ fn read_index(dir: &Path) -> Result<Index, CacheError> {
     postcard::from_bytes(body).map_err(|_| damaged("index undecodable"))
 }
 
-/// Opens an entry this process just wrote and verified.
+/// Opens an entry whose index was read back and checked.
 fn open_entry_trusted(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, CacheError> {
-    let index = read_index(dir)?;
+    entry_with_index(id, dir, read_index(dir)?)
+}
+
+fn entry_with_index(
+    id: &CheckpointId,
+    dir: &Path,
+    index: Index,
+) -> Result<VerifiedCheckpoint, CacheError> {
     let pack_path = index::pack_path(dir);
     let pack = File::open(&pack_path).map_err(io_err(&pack_path))?;
     Ok(VerifiedCheckpoint {

@@ -12,11 +12,15 @@
 //!   edge cases, a file open several times at once, and the tools that build workspaces
 //!   (`tar -x`, `git`, `rsync -a` when installed).
 //! - [`errnos`]: what refused operations answer (EEXIST, EPERM, EBUSY, EROFS).
+//! - [`attacks`]: a hostile writer in staging: writers racing seals, chmod of staged
+//!   symlinks, a planted object under a seal's name, staging and cache directories
+//!   that are not the daemon's own.
 //!
 //! Every test has its own bucket, cache, staging dir and mount point under
 //! `.tmp/tests/` (see [`crate::util::mount`]), and unmounts on drop. Needs root (or fuse access), `fusermount3` and
 //! GNU tools.
 
+mod attacks;
 mod errnos;
 mod failures;
 mod posix;

@@ -4,6 +4,8 @@
 //! into `store::local::NAME` and `store::s3::NAME`. Tests that only make sense on S3
 //! (multipart, boto3 interop, endpoint flag) are plain tests named `s3_*`.
 
+mod integrity;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::MetadataExt;

@@ -7,6 +7,10 @@
 //! CreateMultipartUpload, AbortMultipartUpload) get through; every attempt at sending a
 //! large body fails part-way, however often it is retried. [`CuttingProxy::set_cutting`]
 //! turns the cutting off (and on again), so one client can fail and then succeed.
+//!
+//! [`CorruptingProxy`] forwards everything, but flips one byte at a fixed offset of
+//! what each connection sends upstream: a request body damaged in transit, which a
+//! server that checks `x-amz-checksum-sha256` must refuse.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -107,11 +111,11 @@ impl Connection {
     /// thread of its own; the client's write side is shut down when it returns. What the
     /// client sends goes to the server chunk by chunk (each read as it came) until
     /// either side closes, or until `upstream` returns false for a chunk: that chunk is
-    /// not sent and the connection is cut both ways.
+    /// not sent and the connection is cut both ways. `upstream` may change the chunk.
     pub fn relay<D, U>(self, downstream: D, mut upstream: U)
     where
         D: FnOnce(&mut TcpStream, &mut TcpStream) + Send + 'static,
-        U: FnMut(&[u8]) -> bool,
+        U: FnMut(&mut [u8]) -> bool,
     {
         let (Ok(mut client_read), Ok(mut server_write)) =
             (self.client.try_clone(), self.server.try_clone())
@@ -132,7 +136,7 @@ impl Connection {
                 }
                 Ok(n) => n,
             };
-            let chunk = &buf[..n];
+            let chunk = &mut buf[..n];
             if !upstream(chunk) {
                 let _ = client_read.shutdown(Shutdown::Both);
                 let _ = server_write.shutdown(Shutdown::Both);
@@ -225,4 +229,46 @@ fn serve(connection: Connection, limit: u64, shared: &Shared) {
             true
         },
     );
+}
+
+/// A running proxy that damages one byte of every connection's upstream stream.
+pub struct CorruptingProxy {
+    proxy: Proxy,
+    flipped: Arc<AtomicUsize>,
+}
+
+impl CorruptingProxy {
+    /// Proxies to `upstream_url`, flipping the byte at offset `at` of what each
+    /// connection sends (choose it inside the request body: past the headers).
+    pub fn start(upstream_url: &str, at: u64) -> Self {
+        let flipped = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&flipped);
+        let proxy = Proxy::start(upstream_url, move |connection| {
+            let mut sent: u64 = 0;
+            connection.relay(
+                |server_read, client_write| {
+                    let _ = std::io::copy(server_read, client_write);
+                },
+                |chunk| {
+                    let start = sent;
+                    sent += chunk.len() as u64;
+                    if (start..sent).contains(&at) {
+                        chunk[(at - start) as usize] ^= 0x55;
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                    true
+                },
+            );
+        });
+        CorruptingProxy { proxy, flipped }
+    }
+
+    pub fn endpoint(&self) -> String {
+        self.proxy.endpoint()
+    }
+
+    /// How many bytes were damaged so far (one per connection that got that far).
+    pub fn bytes_flipped(&self) -> usize {
+        self.flipped.load(Ordering::SeqCst)
+    }
 }

@@ -1,0 +1,325 @@
+//! `staging/` written by an attacker who wants the daemon's secrets: writers racing a
+//! seal (file/symlink exchanges, directory storms while the workspace is frozen), chmod
+//! of a staged symlink, a planted object under the name a seal will get, and a staging
+//! or cache directory someone else could write to.
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::cp_a;
+use crate::util::mount::{Mount, repo_temp_dir};
+use crate::util::sys::{assert_errno, c_path};
+use crate::util::tree::make_small_tree;
+use crate::util::{TestStore, ckptfs, run, sha256_hex};
+
+const SECRET: &[u8] = b"AKIA-OUTSIDE-SECRET-0123456789";
+
+fn rename_exchange(dir: &Path, a: &str, b: &str) -> std::io::Result<()> {
+    let (a, b) = (c_path(&dir.join(a)), c_path(&dir.join(b)));
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    crate::util::sys::libc_result(rc)
+}
+
+fn tar_of(archive: &[u8]) -> Vec<u8> {
+    let mut tar = Vec::new();
+    flate2::read::MultiGzDecoder::new(archive)
+        .read_to_end(&mut tar)
+        .expect("a sealed archive decompresses");
+    tar
+}
+
+/// Writers race every seal: one swaps a file and a symlink to a host secret with
+/// `RENAME_EXCHANGE`, one makes and moves directories (holding such symlinks) into the
+/// workspace as fast as it can. Over many seals, no archive may hold a byte of the
+/// secret, and every seal either stores a checkpoint or fails with EBUSY and leaves
+/// the workspace in place.
+#[test]
+fn racing_writers_cannot_put_outside_bytes_into_a_seal() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-race-");
+    let secret = work.path().join("credentials");
+    fs::write(&secret, SECRET).unwrap();
+    let mount = Mount::new(&store).staging().start();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let (mut sealed, mut busy, mut round) = (0, 0, 0);
+    // Writer operations the freeze refused (EBUSY): proof that writers hit the seal.
+    let refused = Arc::new(AtomicUsize::new(0));
+    while round < 40 && Instant::now() < deadline {
+        round += 1;
+        let name = format!("ws-{round}");
+        let ws = mount.staged(&name);
+        fs::create_dir_all(ws.join("d/sub")).unwrap();
+        fs::write(ws.join("d/file"), b"harmless").unwrap();
+        symlink(&secret, ws.join("d/link")).unwrap();
+        symlink(work.path(), ws.join("d/dirlink")).unwrap();
+        // Enough entries that the freeze and the archive take a while to race with.
+        fs::create_dir(ws.join("bulk")).unwrap();
+        for i in 0..300 {
+            fs::write(ws.join(format!("bulk/f{i}")), i.to_string()).unwrap();
+        }
+        let outside_ws = mount.staged(&format!("storm-{round}"));
+        fs::create_dir(&outside_ws).unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let swapper = {
+            let (stop, swaps, refused, d) = (
+                Arc::clone(&stop),
+                Arc::clone(&swaps),
+                Arc::clone(&refused),
+                ws.join("d"),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for (a, b) in [("file", "link"), ("sub", "dirlink")] {
+                        match rename_exchange(&d, a, b) {
+                            Ok(()) => swaps.fetch_add(1, Ordering::Relaxed),
+                            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                                refused.fetch_add(1, Ordering::Relaxed)
+                            }
+                            Err(_) => 0,
+                        };
+                    }
+                }
+            })
+        };
+        let storm = {
+            let (stop, ws, outside, secret) = (
+                Arc::clone(&stop),
+                ws.clone(),
+                outside_ws.clone(),
+                secret.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let _ = fs::create_dir(ws.join(format!("storm-{i}")));
+                    let made = outside.join(format!("moved-{i}"));
+                    if fs::create_dir(&made).is_ok() {
+                        let _ = symlink(&secret, made.join("key"));
+                        let _ = fs::rename(&made, ws.join(format!("moved-{i}")));
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let result = fs::rename(&ws, mount.committed(&name));
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        storm.join().unwrap();
+        match result {
+            Ok(()) => {
+                sealed += 1;
+                let target = fs::read_link(mount.committed(&name)).unwrap();
+                let sha = target
+                    .to_str()
+                    .unwrap()
+                    .trim_start_matches("../")
+                    .to_owned();
+                let object = store
+                    .object_bytes(&sha)
+                    .expect("the sealed object is stored");
+                assert_eq!(sha256_hex(&object), sha);
+                let tar = tar_of(&object);
+                assert!(
+                    !tar.windows(SECRET.len()).any(|w| w == SECRET),
+                    "round {round}: the archive of {name} holds the outside secret"
+                );
+                assert!(
+                    !ws.exists(),
+                    "round {round}: a sealed workspace stayed staged"
+                );
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                busy += 1;
+                assert!(
+                    ws.join("d").is_dir(),
+                    "round {round}: a refused seal lost the workspace"
+                );
+            }
+            Err(e) => panic!(
+                "round {round}: the seal failed with {e}\n{}",
+                mount.log_excerpt()
+            ),
+        }
+        assert!(
+            swaps.load(Ordering::Relaxed) > 0,
+            "round {round}: the swapper never ran"
+        );
+    }
+    let refused = refused.load(Ordering::Relaxed);
+    eprintln!(
+        "{round} rounds: {sealed} sealed, {busy} refused with EBUSY; \
+         {refused} writer exchanges refused during seals"
+    );
+    assert!(
+        sealed >= 5,
+        "only {sealed} of {round} seals went through ({busy} EBUSY)"
+    );
+    assert!(refused > 0, "no writer ever raced a seal");
+    assert_eq!(fs::read(&secret).unwrap(), SECRET);
+}
+
+/// Linux 6.6+ lets a process ask for a symlink's own mode to change
+/// (`fchmodat2(AT_SYMLINK_NOFOLLOW)`); the kernel then sends SETATTR for the staged
+/// symlink, which must not reach its target on the host.
+#[test]
+fn chmod_of_a_staged_symlink_never_reaches_its_target() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-chmod-");
+    let target = work.path().join("host-file");
+    fs::write(&target, b"host").unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+    let mount = Mount::new(&store).staging().start();
+    let ws = mount.staged("ws");
+    fs::create_dir(&ws).unwrap();
+    symlink(&target, ws.join("abs-link")).unwrap();
+    symlink(
+        "../../../../../../../../../..".to_owned() + target.to_str().unwrap(),
+        ws.join("rel-link"),
+    )
+    .unwrap();
+    for link in ["abs-link", "rel-link"] {
+        let path = c_path(&ws.join(link));
+        // SAFETY: the path is NUL-terminated; fchmodat2 only reads it.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_fchmodat2,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                0o777 as libc::mode_t,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        let result = crate::util::sys::libc_result(rc as libc::c_int);
+        if result.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::ENOSYS) {
+            eprintln!("fchmodat2 is not available on this kernel; nothing to test");
+            return;
+        }
+        assert_errno(&format!("fchmodat2 of {link}"), result, libc::EOPNOTSUPP);
+        let mode = fs::metadata(&target).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o600, "{link}: the host file's mode changed");
+    }
+    // A chmod through the link follows it in the caller's own view: the caller's
+    // business. The staged link itself is untouched.
+    assert!(
+        fs::symlink_metadata(ws.join("abs-link"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+/// A damaged object planted under the name a tree will get (captures are
+/// deterministic, so names are predictable) must not make the seal delete the only good
+/// copy: the seal verifies what it found, replaces it, and only then drops the staged
+/// workspace.
+#[test]
+fn a_planted_object_under_the_seals_name_is_replaced_before_the_workspace_goes() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-planted-");
+    let tree = work.path().join("tree");
+    make_small_tree(&tree, "planted");
+    // Learn the name from a scratch store: `put` and the seal write the same bytes.
+    let scratch = TestStore::local();
+    let (sha, size) = scratch.put(&tree, &[]);
+    store.write_object_bytes(&sha, &vec![0u8; size as usize], Some((&sha, size)));
+
+    let mount = Mount::new(&store).staging().start();
+    cp_a(&tree, &mount.staged("turn"));
+    fs::rename(mount.staged("turn"), mount.committed("turn")).expect("the seal succeeds");
+    let object = store.object_bytes(&sha).unwrap();
+    assert_eq!(
+        sha256_hex(&object),
+        sha,
+        "the planted object is still there"
+    );
+    let status = fs::read_to_string(mount.join(".status")).unwrap();
+    assert!(
+        status.contains(&format!(
+            "turn: sealed as {sha} (stored over a damaged copy"
+        )),
+        "{status}"
+    );
+    assert!(!mount.staged("turn").exists());
+    crate::util::tree::assert_same_tree(&tree, &mount.join(&sha));
+}
+
+#[test]
+fn a_staging_dir_is_made_private_and_must_be_ours() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-private-");
+    let staging = work.path().join("staging");
+    fs::create_dir(&staging).unwrap();
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o777)).unwrap();
+    let mount = Mount::new(&store)
+        .args([
+            std::ffi::OsString::from("--staging-dir"),
+            staging.clone().into(),
+        ])
+        .start();
+    assert_eq!(fs::metadata(&staging).unwrap().mode() & 0o777, 0o700);
+    drop(mount);
+
+    // Owned by someone else: refused, with one clear line.
+    let theirs = work.path().join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    for flag in ["--staging-dir", "--cache-dir"] {
+        let mnt = work.path().join(format!("mnt{flag}"));
+        fs::create_dir(&mnt).unwrap();
+        let mut cmd = ckptfs();
+        cmd.arg("mount")
+            .arg(store.url())
+            .arg(&mnt)
+            .arg("--foreground");
+        if flag == "--staging-dir" {
+            cmd.arg("--cache-dir").arg(work.path().join("cache"));
+        }
+        cmd.arg(flag).arg(&theirs);
+        let out = run(&mut cmd).failure();
+        assert!(out.stderr.contains("belongs to uid 65534"), "{flag}: {out}");
+        assert_eq!(
+            fs::metadata(&theirs).unwrap().mode() & 0o777,
+            0o755,
+            "{flag}: chmodded"
+        );
+    }
+}
+
+/// Every staged path an attacker can name is opened without following symlinks: a
+/// workspace whose top-level name is a symlink to a host directory cannot be sealed
+/// (or deleted), and the host directory is untouched.
+#[test]
+fn a_symlink_cannot_be_sealed_in_place_of_a_workspace() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-symlink-ws-");
+    let host = work.path().join("host-dir");
+    fs::create_dir(&host).unwrap();
+    fs::write(host.join("id_rsa"), SECRET).unwrap();
+    let mount = Mount::new(&store).staging().start();
+    symlink(&host, mount.staged("evil")).unwrap();
+    let err = fs::rename(mount.staged("evil"), mount.committed("evil")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR), "{err}");
+    assert_eq!(fs::read(host.join("id_rsa")).unwrap(), SECRET);
+    assert!(store_is_empty(&store), "nothing may be stored");
+}
+
+fn store_is_empty(store: &TestStore) -> bool {
+    store.list_keys().is_empty()
+}
