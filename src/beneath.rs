@@ -130,48 +130,123 @@ pub fn remove_at(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
     }
 }
 
-/// Removes the directory `name` of `dir` and everything in it. Iterative, so that a
-/// tree of any depth cannot exhaust the stack; holds one descriptor per level.
-fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
-    // Each level: the directory's descriptor and its name in the level above.
-    let mut stack: Vec<(OwnedFd, Vec<u8>)> = vec![(open_dir(dir, name)?, name.as_bytes().to_vec())];
-    while let Some(depth) = stack.len().checked_sub(1) {
-        let fd = stack[depth].0.as_fd();
-        let mut subdir = None;
-        let mut listing = rfs::Dir::read_from(fd).map_err(os)?;
-        while let Some(entry) = listing.read() {
-            let entry = entry.map_err(os)?;
-            let child = entry.file_name().to_bytes();
-            if child == b"." || child == b".." {
-                continue;
+/// A walk down a directory tree that holds one descriptor, whatever the depth: going
+/// down opens a child with `O_NOFOLLOW`, going up opens `..` and checks that it is the
+/// very directory that was left (a tree moved under the walk fails it, rather than
+/// leading it elsewhere). Deep trees are legitimate (2,000 levels fit in a 4,096-byte
+/// path), and one descriptor per level would run into the open-file limit.
+pub struct Descent {
+    current: OwnedFd,
+    /// (device, inode) of each directory above `current`, the top one first.
+    above: Vec<(u64, u64)>,
+}
+
+fn identity(fd: impl AsFd) -> io::Result<(u64, u64)> {
+    let stat = rfs::fstat(fd).map_err(os)?;
+    Ok((stat.st_dev, stat.st_ino))
+}
+
+impl Descent {
+    pub fn new(top: OwnedFd) -> Self {
+        Descent {
+            current: top,
+            above: Vec::new(),
+        }
+    }
+
+    /// The directory the walk is in.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.current.as_fd()
+    }
+
+    /// How many levels below the top the walk is.
+    pub fn depth(&self) -> usize {
+        self.above.len()
+    }
+
+    /// Goes down into the subdirectory `name`.
+    pub fn enter(&mut self, name: &OsStr) -> io::Result<()> {
+        let child = open_dir(&self.current, name)?;
+        self.above.push(identity(&self.current)?);
+        self.current = child;
+        Ok(())
+    }
+
+    /// Goes back up one level.
+    pub fn leave(&mut self) -> io::Result<()> {
+        let expected = self
+            .above
+            .pop()
+            .ok_or_else(|| io::Error::other("the walk is at its top"))?;
+        let parent = open_dir(&self.current, OsStr::new(".."))?;
+        if identity(&parent)? != expected {
+            return Err(io::Error::other(
+                "a directory was moved while the tree was being walked",
+            ));
+        }
+        self.current = parent;
+        Ok(())
+    }
+}
+
+/// The names in directory `dir` (without `.` and `..`), each with whether it is a
+/// directory (never true for a symlink).
+pub fn list(dir: impl AsFd) -> io::Result<Vec<(Vec<u8>, bool)>> {
+    let dir = dir.as_fd();
+    let mut names = Vec::new();
+    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
+    while let Some(entry) = listing.read() {
+        let entry = entry.map_err(os)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let is_dir = match entry.file_type() {
+            FileType::Unknown => {
+                kind_at(dir, OsStr::from_bytes(name))? == Some(FileType::Directory)
             }
-            let child_name = OsStr::from_bytes(child);
-            let is_dir = match entry.file_type() {
-                FileType::Unknown => kind_at(fd, child_name)? == Some(FileType::Directory),
-                kind => kind == FileType::Directory,
-            };
+            kind => kind == FileType::Directory,
+        };
+        names.push((name.to_vec(), is_dir));
+    }
+    Ok(names)
+}
+
+/// Removes the directory `name` of `dir` and everything in it, depth first, holding
+/// one descriptor at a time (see [`Descent`]).
+fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let mut walk = Descent::new(open_dir(dir, name)?);
+    // The name of each directory entered, to remove it once it is empty.
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut subdir = None;
+        for (child, is_dir) in list(walk.dir())? {
             if is_dir {
-                subdir = Some(child.to_vec());
+                subdir = Some(child);
                 break;
             }
-            match rfs::unlinkat(fd, child_name, AtFlags::empty()) {
+            match rfs::unlinkat(walk.dir(), OsStr::from_bytes(&child), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(os(e)),
             }
         }
         if let Some(child) = subdir {
-            let child_fd = open_dir(fd, OsStr::from_bytes(&child))?;
-            stack.push((child_fd, child));
+            walk.enter(OsStr::from_bytes(&child))?;
+            names.push(child);
             continue;
         }
-        let (_, done) = stack.pop().expect("a level is on the stack");
-        let parent = stack.last().map_or(dir, |(fd, _)| fd.as_fd());
-        match rfs::unlinkat(parent, OsStr::from_bytes(&done), AtFlags::REMOVEDIR) {
+        let Some(done) = names.pop() else { break };
+        walk.leave()?;
+        match rfs::unlinkat(walk.dir(), OsStr::from_bytes(&done), AtFlags::REMOVEDIR) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err(os(e)),
         }
     }
-    Ok(())
+    drop(walk);
+    match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(os(e)),
+    }
 }
 
 /// `chmod` of `name` in `dir` itself, never of what it points to: a symlink's mode
@@ -290,6 +365,32 @@ mod tests {
         symlink(outside.path(), tmp.path().join("l")).unwrap();
         remove_at(&fd, OsStr::new("l")).unwrap();
         assert!(outside.path().join("keep").exists());
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_open_file_limit_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = root(tmp.path());
+        let mut dir =
+            rfs::openat(&top, ".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..3000 {
+            rfs::mkdirat(&dir, "a", Mode::from_raw_mode(0o755)).unwrap();
+            rfs::openat(
+                &dir,
+                "f",
+                OFlags::CREATE | OFlags::WRONLY,
+                Mode::from_raw_mode(0o644),
+            )
+            .unwrap();
+            dir =
+                rfs::openat(&dir, "a", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        drop(dir);
+        // One descriptor per level would need 3,000; the process limit may be 1,024.
+        let open_before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        remove_at(&top, OsStr::new("a")).unwrap();
+        assert!(!tmp.path().join("a").exists());
+        assert!(std::fs::read_dir("/proc/self/fd").unwrap().count() <= open_before);
     }
 
     #[test]

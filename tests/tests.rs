@@ -3,5 +3,6 @@
 
 mod capture;
 mod mount;
+mod security;
 mod store;
 mod util;

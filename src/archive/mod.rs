@@ -161,26 +161,42 @@ pub fn for_each_entry<R: Read>(
         let mut entry = entry.map_err(ArchiveError::Corrupt)?;
         budget.set(u64::MAX);
         tally.entry()?;
-        let too_long = |what: &str, bytes: &[u8]| ArchiveError::Hostile {
-            entry: display_path(&bytes[..bytes.len().min(80)]) + "...",
-            reason: if what == "path" {
-                "its path is longer than 4096 bytes"
-            } else {
-                "its link target is longer than 4096 bytes"
-            },
-        };
-        if entry.path_bytes().len() > MAX_PATH {
-            return Err(too_long("path", &entry.path_bytes()));
+        let kind = entry.header().entry_type();
+        // A pax global header is metadata for the whole archive, which no reader here
+        // uses; the tar crate would read it whole into memory on the first question
+        // asked about it, so it is only drained, counted like any data.
+        if !(kind.is_pax_global_extensions() || kind.is_pax_local_extensions()) {
+            check_names(&entry)?;
+            each(&mut entry, &mut tally)?;
         }
-        if let Some(link) = entry.link_name_bytes()
-            && link.len() > MAX_PATH
-        {
-            return Err(too_long("link", &entry.path_bytes()));
-        }
-        each(&mut entry, &mut tally)?;
         drain(&mut entry, &mut tally)?;
     }
     Ok(tally)
+}
+
+/// Refuses paths and link targets that are too long or hold a NUL byte: no system
+/// call could name them, and a listing that shows what cannot be opened would lie.
+fn check_names<R: Read>(entry: &Entry<'_, R>) -> Result<(), ArchiveError> {
+    let path = entry.path_bytes();
+    let refuse = |reason| ArchiveError::Hostile {
+        entry: display_path(&path[..path.len().min(100)]),
+        reason,
+    };
+    if path.len() > MAX_PATH {
+        return Err(refuse("its path is longer than 4096 bytes"));
+    }
+    if path.contains(&0) {
+        return Err(refuse("its path contains a NUL byte"));
+    }
+    if let Some(link) = entry.link_name_bytes() {
+        if link.len() > MAX_PATH {
+            return Err(refuse("its link target is longer than 4096 bytes"));
+        }
+        if link.contains(&0) {
+            return Err(refuse("its link target contains a NUL byte"));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the rest of an entry's data, counting it.

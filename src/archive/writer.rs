@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -159,10 +159,9 @@ impl<W: Write> Write for Tee<'_, W> {
     }
 }
 
-/// One directory being archived: its descriptor, its path in the archive, and the
-/// names still to write, in order.
+/// One directory being archived: its path in the archive, and the names still to
+/// write, in order.
 struct Level {
-    dir: OwnedFd,
     path: Vec<u8>,
     names: std::vec::IntoIter<Vec<u8>>,
 }
@@ -177,38 +176,38 @@ fn errno(what: &str, path: &[u8]) -> impl FnOnce(rustix::io::Errno) -> ArchiveEr
 }
 
 /// The names in directory `dir`, sorted by their bytes.
-fn sorted_names(dir: &OwnedFd, path: &[u8]) -> Result<Vec<Vec<u8>>, ArchiveError> {
-    let mut names = Vec::new();
-    let mut listing = rfs::Dir::read_from(dir).map_err(errno("read directory", path))?;
-    while let Some(entry) = listing.read() {
-        let entry = entry.map_err(errno("read directory", path))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
+fn sorted_names(dir: BorrowedFd<'_>, path: &[u8]) -> Result<Vec<Vec<u8>>, ArchiveError> {
+    let mut names: Vec<Vec<u8>> = beneath::list(dir)
+        .map_err(io_error("read directory", path))?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     names.sort_unstable();
     Ok(names)
 }
 
 impl Walk {
     /// Writes every entry below `root`, depth first, without recursion (a tree of
-    /// any depth cannot exhaust the stack); one descriptor is held per level.
+    /// any depth cannot exhaust the stack) and with one directory open at a time
+    /// (see [`beneath::Descent`]).
     fn append_tree<W: Write>(
         &mut self,
         builder: &mut Builder<'_, W>,
         root: BorrowedFd<'_>,
     ) -> Result<(), ArchiveError> {
         let root = beneath::open_dir_path(root, &[]).map_err(io_error("open", b"."))?;
-        let names = sorted_names(&root, b".")?;
+        let names = sorted_names(root.as_fd(), b".")?;
+        let mut walk = beneath::Descent::new(root);
         let mut stack = vec![Level {
-            dir: root,
             path: Vec::new(),
             names: names.into_iter(),
         }];
         while let Some(level) = stack.last_mut() {
             let Some(name) = level.names.next() else {
-                stack.pop();
+                let done = stack.pop().expect("a level is on the stack");
+                if !stack.is_empty() {
+                    walk.leave().map_err(io_error("leave", &done.path))?;
+                }
                 continue;
             };
             let mut path = level.path.clone();
@@ -222,10 +221,9 @@ impl Walk {
                     reason: format!("a path in the tree is longer than {MAX_PATH} bytes"),
                 });
             }
-            if let Some(subdir) = self.append_entry(builder, level.dir.as_fd(), &name, &path)? {
-                let names = sorted_names(&subdir, &path)?;
+            if self.append_entry(builder, &mut walk, &name, &path)? {
+                let names = sorted_names(walk.dir(), &path)?;
                 stack.push(Level {
-                    dir: subdir,
                     path,
                     names: names.into_iter(),
                 });
@@ -234,17 +232,19 @@ impl Walk {
         Ok(())
     }
 
-    /// Writes the entry `name` of `dir` as `path`; returns the descriptor of a
-    /// directory to descend into. Everything written comes from what was opened:
-    /// a file's header and contents from the same `O_NOFOLLOW` descriptor, so that no
-    /// rename or symlink swapped in between can make us read anything else.
+    /// Writes the entry `name` of the walk's directory as `path`; for a directory,
+    /// the walk goes down into it and this returns true. Everything written comes
+    /// from what was opened: a file's header and contents from the same `O_NOFOLLOW`
+    /// descriptor, so that no rename or symlink swapped in between can make us read
+    /// anything else.
     fn append_entry<W: Write>(
         &mut self,
         builder: &mut Builder<'_, W>,
-        dir: BorrowedFd<'_>,
+        walk: &mut beneath::Descent,
         name: &[u8],
         path: &[u8],
-    ) -> Result<Option<OwnedFd>, ArchiveError> {
+    ) -> Result<bool, ArchiveError> {
+        let dir = walk.dir();
         let os_name = OsStr::from_bytes(name);
         let archive_name = Path::new(OsStr::from_bytes(path));
         let stat =
@@ -255,16 +255,16 @@ impl Walk {
         };
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::Directory => {
-                let fd = beneath::open_dir(dir, os_name).map_err(|e| match e.raw_os_error() {
+                walk.enter(os_name).map_err(|e| match e.raw_os_error() {
                     Some(libc::ELOOP | libc::ENOTDIR) => changed(),
                     _ => io_error("open", path)(e),
                 })?;
-                let stat = rfs::fstat(&fd).map_err(errno("stat", path))?;
+                let stat = rfs::fstat(walk.dir()).map_err(errno("stat", path))?;
                 let mut header = header_for(&stat, EntryType::Directory);
                 builder
                     .append_data(&mut header, archive_name, io::empty())
                     .map_err(io_error("archive", path))?;
-                Ok(Some(fd))
+                Ok(true)
             }
             FileType::Symlink => {
                 let target = rfs::readlinkat(dir, os_name, Vec::new()).map_err(|e| match e {
@@ -279,7 +279,7 @@ impl Walk {
                         OsStr::from_bytes(target.as_bytes()),
                     )
                     .map_err(io_error("archive", path))?;
-                Ok(None)
+                Ok(false)
             }
             FileType::RegularFile => {
                 let fd = rfs::openat(
@@ -311,7 +311,7 @@ impl Walk {
                                 Path::new(OsStr::from_bytes(first)),
                             )
                             .map_err(io_error("archive", path))?;
-                        return Ok(None);
+                        return Ok(false);
                     }
                     self.hard_links.insert(key, path.to_vec());
                 }
@@ -325,7 +325,7 @@ impl Walk {
                 builder
                     .append_data(&mut header, archive_name, contents)
                     .map_err(io_error("archive", path))?;
-                Ok(None)
+                Ok(false)
             }
             other => {
                 let kind = match other {
@@ -334,7 +334,7 @@ impl Walk {
                     _ => "device file",
                 };
                 tracing::warn!(path = %display_path(path), "skipping {kind}: checkpoints hold only files, directories and links");
-                Ok(None)
+                Ok(false)
             }
         }
     }
@@ -411,6 +411,7 @@ impl<W: Write> Write for HashingWriter<W> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::os::fd::OwnedFd;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     fn dir_fd(path: &Path) -> OwnedFd {

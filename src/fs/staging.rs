@@ -969,18 +969,42 @@ impl StagingTree {
 }
 
 /// Calls `add` with the inode number of `dir` and of everything below it, entering
-/// directories through descriptors only. Iterative: a tree of any depth is walked
-/// without exhausting the stack, holding one descriptor per level.
+/// directories through descriptors only, one at a time (see [`beneath::Descent`]):
+/// a tree of any depth is walked without exhausting the stack or the open files.
 fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
     add(rfs::fstat(dir).map_err(os)?.st_ino);
-    let listing = |fd: &OwnedFd| rfs::Dir::read_from(fd).map_err(os);
-    let first = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
-    let mut stack = vec![(listing(&first)?, first)];
-    while let Some((entries, fd)) = stack.last_mut() {
-        let Some(entry) = entries.read() else {
-            stack.pop();
-            continue;
-        };
+    let top = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
+    let mut walk = beneath::Descent::new(top);
+    // Per level, the subdirectories still to enter.
+    let mut pending: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut subdirs = list_inodes(walk.dir(), add)?;
+    loop {
+        match subdirs.pop() {
+            Some(name) => {
+                walk.enter(OsStr::from_bytes(&name)).map_err(FsError::Os)?;
+                pending.push(std::mem::take(&mut subdirs));
+                subdirs = list_inodes(walk.dir(), add)?;
+            }
+            None => match pending.pop() {
+                Some(above) => {
+                    walk.leave().map_err(FsError::Os)?;
+                    subdirs = above;
+                }
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Calls `add` with the inode number of each entry of `dir`; returns the names of its
+/// subdirectories.
+fn list_inodes(
+    dir: std::os::fd::BorrowedFd<'_>,
+    add: &mut dyn FnMut(u64),
+) -> Result<Vec<Vec<u8>>, FsError> {
+    let mut subdirs = Vec::new();
+    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
+    while let Some(entry) = listing.read() {
         let entry = entry.map_err(os)?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
@@ -989,16 +1013,14 @@ fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError
         add(entry.ino());
         let is_dir = match entry.file_type() {
             rfs::FileType::Unknown => {
-                beneath::kind_at(&*fd, OsStr::from_bytes(name)).map_err(FsError::Os)?
+                beneath::kind_at(dir, OsStr::from_bytes(name)).map_err(FsError::Os)?
                     == Some(rfs::FileType::Directory)
             }
             kind => kind == rfs::FileType::Directory,
         };
         if is_dir {
-            let child = beneath::open_dir(&*fd, OsStr::from_bytes(name)).map_err(FsError::Os)?;
-            let child_entries = listing(&child)?;
-            stack.push((child_entries, child));
+            subdirs.push(name.to_vec());
         }
     }
-    Ok(())
+    Ok(subdirs)
 }

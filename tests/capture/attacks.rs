@@ -117,7 +117,11 @@ fn racing_writers_cannot_put_outside_bytes_into_a_seal() {
                 }
             })
         };
-        std::thread::sleep(Duration::from_millis(20));
+        // Start the seal once both writers are going.
+        let started = Instant::now();
+        while swaps.load(Ordering::Relaxed) < 2 && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let result = fs::rename(&ws, mount.committed(&name));
         stop.store(true, Ordering::Relaxed);
         swapper.join().unwrap();
