@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (see README): installs what the tests need, starts a
 # local S3 server (moto) and a checksum-checking one (s3s-fs), then runs rustfmt,
-# clippy and the whole cargo test suite.
+# clippy, the whole cargo test suite and, for a whole run, pjdfstest on staging/
+# (scripts/conformance.sh).
 # Extra arguments go to `cargo test`, e.g. `bash scripts/test.sh store::`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,3 +67,12 @@ echo "==> cargo clippy --all-targets -- -D warnings" >&2
 cargo clippy --all-targets -- -D warnings
 echo "==> cargo test $*" >&2
 cargo test "$@"
+# The POSIX conformance of staging/ (pjdfstest, about 7 minutes), for whole runs only.
+if [ $# -eq 0 ]; then
+    if [ -f "${PJDFSTEST_SRC:-$CKPTFS_ROOT/../shared/pjdfstest}/pjdfstest.c" ]; then
+        echo "==> scripts/conformance.sh (pjdfstest on staging/)" >&2
+        CKPTFS_BIN="$PWD/target/debug/ckptfs" bash scripts/conformance.sh --no-reference
+    else
+        echo "==> NOTE: no pjdfstest source (../shared/pjdfstest or PJDFSTEST_SRC); conformance not run" >&2
+    fi
+fi

@@ -205,6 +205,8 @@ fn file_type(kind: FileKind) -> FileType {
         FileKind::Symlink => FileType::Symlink,
         FileKind::Fifo => FileType::NamedPipe,
         FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
     }
 }
 
@@ -614,11 +616,13 @@ impl Filesystem for FuseAdapter {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         let mode = mode & !(umask & 0o7777);
-        let result = self.fs.mknod(parent.0, name.as_bytes(), mode, caller(req));
+        let result = self
+            .fs
+            .mknod(parent.0, name.as_bytes(), mode, rdev.into(), caller(req));
         self.reply_entry(parent.0, result, "mknod", reply);
     }
 

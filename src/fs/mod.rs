@@ -59,9 +59,11 @@ pub enum FileKind {
     Directory,
     File,
     Symlink,
-    /// Only in `staging/`: checkpoints never hold FIFOs or sockets.
+    /// Only in `staging/`: checkpoints never hold FIFOs, sockets or devices.
     Fifo,
     Socket,
+    CharDevice,
+    BlockDevice,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -887,10 +889,11 @@ impl CheckpointFs {
         parent: u64,
         name: &[u8],
         mode: u32,
+        rdev: u64,
         caller: Caller,
     ) -> Result<Attr, FsError> {
         if StagingTree::owns_inode(parent) {
-            return self.staging.mknod(parent, name, mode, caller);
+            return self.staging.mknod(parent, name, mode, rdev, caller);
         }
         Err(self.refuse_change(parent))
     }

@@ -129,6 +129,8 @@ fn file_kind(kind: rfs::FileType) -> FileKind {
         rfs::FileType::Symlink => FileKind::Symlink,
         rfs::FileType::Fifo => FileKind::Fifo,
         rfs::FileType::Socket => FileKind::Socket,
+        rfs::FileType::CharacterDevice => FileKind::CharDevice,
+        rfs::FileType::BlockDevice => FileKind::BlockDevice,
         _ => FileKind::File,
     }
 }
@@ -587,16 +589,24 @@ impl StagingTree {
         self.lookup(parent, name)
     }
 
-    /// Makes a FIFO or a socket; device files are refused (see the module comment).
+    /// Makes a FIFO or a socket; device files are refused (see the module comment),
+    /// but for the whiteout (a character device numbered 0:0, which no driver
+    /// answers), which Linux lets any user make.
     pub fn mknod(
         &self,
         parent: u64,
         name: &[u8],
         mode: u32,
+        rdev: u64,
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let kind = rfs::FileType::from_raw_mode(mode);
-        if !matches!(kind, rfs::FileType::Fifo | rfs::FileType::Socket) {
+        let allowed = match kind {
+            rfs::FileType::Fifo | rfs::FileType::Socket => true,
+            rfs::FileType::CharacterDevice => rdev == 0,
+            _ => false,
+        };
+        if !allowed {
             return Err(FsError::NotPermitted(
                 "device files cannot be made in staging/",
             ));
@@ -610,7 +620,7 @@ impl StagingTree {
             os_name,
             kind,
             Mode::from_raw_mode(mode & 0o7777),
-            0,
+            rdev,
         )
         .map_err(os)?;
         let node = rfs::openat(

@@ -528,3 +528,65 @@ fn git_works_in_staging() {
     assert_eq!(log.lines(), ["second", "first"], "{log}");
     git(&sealed, &["--no-optional-locks", "fsck", "--strict"]).success();
 }
+
+/// Files and directories made in staging get the mode the caller's umask leaves, as on
+/// a local disk (not the daemon's umask on top), so that a workspace made by ordinary
+/// tools is captured as those tools would have left it on disk: the seal of the staged
+/// tree and `ckptfs put` of the same tree made on local disk give the same sha256.
+#[test]
+fn modes_follow_the_callers_umask_like_a_local_disk() {
+    let store = TestStore::local();
+    let mount = Mount::new(&store).staging().start();
+    let work = repo_temp_dir("capture-umask-");
+    // What a build or an agent does: mkdir, create, write, mkdir -m, a FIFO.
+    let script = r#"umask "$2" && cd "$1" &&
+        mkdir d d/sub && : > d/file && echo data > d/sub/data &&
+        touch new && mkdir -m 0777 open && mkdir -p deep/a/b &&
+        mkfifo pipe && cp /etc/passwd copied"#;
+    for umask in ["0000", "0002", "0077", "0022"] {
+        let staged = mount.staged(&format!("u{umask}"));
+        let local = work.path().join(format!("u{umask}"));
+        fs::create_dir(&staged).unwrap();
+        fs::create_dir(&local).unwrap();
+        for dir in [&staged, &local] {
+            run(Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .arg("sh")
+                .arg(dir)
+                .arg(umask))
+            .success();
+        }
+        let modes = |root: &Path| -> Vec<(String, u32)> {
+            let mut out = Vec::new();
+            let mut stack = vec![root.to_owned()];
+            while let Some(dir) = stack.pop() {
+                for entry in fs::read_dir(&dir).unwrap() {
+                    let path = entry.unwrap().path();
+                    let md = fs::symlink_metadata(&path).unwrap();
+                    if md.is_dir() {
+                        stack.push(path.clone());
+                    }
+                    let rel = path.strip_prefix(root).unwrap().display().to_string();
+                    out.push((rel, md.mode()));
+                }
+            }
+            out.sort();
+            out
+        };
+        let expected = modes(&local);
+        assert_eq!(modes(&staged), expected, "umask {umask}");
+        // The FIFO is skipped by both captures; the rest must archive identically.
+        crate::util::tree::fix_mtimes(&staged);
+        crate::util::tree::fix_mtimes(&local);
+        let (put_sha, _) = TestStore::local().put(&local, &[]);
+        let name = format!("u{umask}");
+        fs::rename(&staged, mount.committed(&name)).expect("seal");
+        let link = fs::read_link(mount.committed(&name)).unwrap();
+        assert_eq!(
+            link.to_str().unwrap(),
+            format!("../{put_sha}"),
+            "umask {umask}: the seal and put of the same tree differ"
+        );
+    }
+}
