@@ -73,6 +73,9 @@ pub enum VerifyFailure {
     Missing,
     #[error("Checkpoint size mismatch: {0}")]
     SizeMismatch(String),
+    /// The transfer ended before the length the store announced: worth another try.
+    #[error("Checkpoint size mismatch: the store announced {announced} bytes but sent {sent}")]
+    Truncated { announced: u64, sent: u64 },
     #[error("Checkpoint checksum mismatch: {0}")]
     ChecksumMismatch(String),
     #[error("Checkpoint is too large: {size} bytes, the limit is {limit}")]
@@ -165,10 +168,10 @@ impl<R: Read> VerifyingReader<R> {
             cause,
         })?;
         let failure = if self.read != self.announced {
-            VerifyFailure::SizeMismatch(format!(
-                "the store announced {} bytes but sent {}",
-                self.announced, self.read
-            ))
+            VerifyFailure::Truncated {
+                announced: self.announced,
+                sent: self.read,
+            }
         } else {
             let digest = hex::encode(self.hasher.finalize_reset());
             if digest == self.id.as_str() {

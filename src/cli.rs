@@ -151,6 +151,10 @@ pub struct MountArgs {
     /// Parts size for uploads of sealed workspaces.
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub part_size: u64,
+    /// Checkpoints verified and loaded at once (default: half the cores, 2 to 16);
+    /// first accesses beyond it wait in order.
+    #[arg(long, value_name = "N")]
+    pub loaders: Option<usize>,
     /// Request threads of the FUSE session.
     #[arg(long, default_value = "4", value_name = "N")]
     pub threads: usize,

@@ -1,10 +1,11 @@
 //! Indexes a tar stream in one pass, laying its file contents out for serving.
 //!
 //! The result is what `tar -xzf` would have produced, held as an [`Index`] (the tree,
-//! with every entry's metadata) plus the file contents on local disk:
-//! - files of [`OWN_FILE_THRESHOLD`] bytes and more get a file of their own,
-//!   `files/<node>`, which the mount hands to the kernel as a passthrough backing file;
-//! - smaller files are appended to one `pack` file and served by offset.
+//! with every entry's metadata) plus the file contents, written into a
+//! [`ContentSink`] that the cache provides (and whose layout it owns):
+//! - files of [`OWN_FILE_THRESHOLD`] bytes and more get a file of their own, which
+//!   the mount hands to the kernel as a passthrough backing file;
+//! - smaller files are appended to one pack and served by offset.
 //!
 //! tar semantics are followed where archives are ambiguous: a later duplicate entry
 //! replaces an earlier one, parent directories that only appear implicitly are created,
@@ -16,14 +17,10 @@
 //! The archive is read with [`super::for_each_entry`], so its limits hold: entries
 //! (implicit directories too) and unpacked bytes are counted, and no record is
 //! buffered beyond a fixed cap. The tree is built in memory from names alone: nothing
-//! an archive says is ever used as a path on disk (contents go to `files/<node>` and
-//! `pack`).
+//! an archive says is ever used as a path on disk (contents are numbered by node).
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 use tar::EntryType;
@@ -96,62 +93,45 @@ impl Index {
     }
 }
 
-/// Where a node's own file lives inside a checkpoint's cache directory.
-pub fn own_file_path(dir: &Path, node: u32) -> PathBuf {
-    dir.join("files").join(node.to_string())
+/// Where the indexer puts file contents. The cache provides it and owns the layout;
+/// the index only records a [`FileLocation`] per file.
+pub trait ContentSink {
+    /// Appends a small file's contents to the pack; returns their offset in it.
+    fn pack(&mut self, data: &[u8]) -> io::Result<u64>;
+    /// A new file of its own for node `node`'s contents.
+    fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>>;
 }
 
-pub fn pack_path(dir: &Path) -> PathBuf {
-    dir.join("pack")
-}
-
-/// Creates a new file readable by its owner only: cached checkpoint contents are not
-/// for other users of the machine, whatever their modes in the archive.
-pub fn create_private(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-}
-
-fn cache_error(path: &Path) -> impl FnOnce(io::Error) -> ArchiveError {
-    ArchiveError::io(format!("cannot write the cache ({})", path.display()))
+fn cache_error(cause: io::Error) -> ArchiveError {
+    ArchiveError::Io {
+        context: "cannot write the cache".into(),
+        cause,
+    }
 }
 
 struct Builder<'a> {
-    out_dir: &'a Path,
+    sink: &'a mut dyn ContentSink,
     nodes: Vec<Node>,
     /// Directory children while building; turned into sorted vectors at the end.
     children: Vec<Option<BTreeMap<Vec<u8>, u32>>>,
-    pack: BufWriter<File>,
-    pack_len: u64,
-    /// Bytes written to own files so far.
-    own_len: u64,
+    /// Bytes of file contents written so far.
+    unpacked: u64,
     default_mtime: i64,
 }
 
-/// Reads the whole tar stream, writing contents under `out_dir` (which must exist and
-/// be empty). `default_mtime` dates directories that only appear implicitly.
+/// Reads the whole tar stream, writing file contents into `sink`. `default_mtime`
+/// dates directories that only appear implicitly.
 pub fn build(
     tar: impl Read,
-    out_dir: &Path,
+    sink: &mut dyn ContentSink,
     limits: Limits,
     default_mtime: i64,
 ) -> Result<Index, ArchiveError> {
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(out_dir.join("files"))
-        .map_err(cache_error(&out_dir.join("files")))?;
-    let pack_file =
-        create_private(&pack_path(out_dir)).map_err(cache_error(&pack_path(out_dir)))?;
     let mut builder = Builder {
-        out_dir,
+        sink,
         nodes: Vec::new(),
         children: Vec::new(),
-        pack: BufWriter::with_capacity(1 << 20, pack_file),
-        pack_len: 0,
-        own_len: 0,
+        unpacked: 0,
         default_mtime,
     };
     builder.new_dir(0o755, 0, 0, default_mtime);
@@ -340,16 +320,12 @@ impl Builder<'_> {
         tally.bytes(size)?;
         hasher.update(&head);
         if size < OWN_FILE_THRESHOLD {
-            let offset = self.pack_len;
-            self.pack
-                .write_all(&head)
-                .map_err(cache_error(&pack_path(self.out_dir)))?;
-            self.pack_len += size;
+            let offset = self.sink.pack(&head).map_err(cache_error)?;
+            self.unpacked += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
-        let path = own_file_path(self.out_dir, node);
-        let mut file = create_private(&path).map_err(cache_error(&path))?;
-        file.write_all(&head).map_err(cache_error(&path))?;
+        let mut file = self.sink.own_file(node).map_err(cache_error)?;
+        file.write_all(&head).map_err(cache_error)?;
         loop {
             let n = match entry.read(&mut buf) {
                 Ok(0) => break,
@@ -360,16 +336,14 @@ impl Builder<'_> {
             size += n as u64;
             tally.bytes(n as u64)?;
             hasher.update(&buf[..n]);
-            file.write_all(&buf[..n]).map_err(cache_error(&path))?;
+            file.write_all(&buf[..n]).map_err(cache_error)?;
         }
-        self.own_len += size;
+        file.flush().map_err(cache_error)?;
+        self.unpacked += size;
         Ok((size, FileLocation::Own, hasher.digest()))
     }
 
     fn finish(mut self) -> Result<Index, ArchiveError> {
-        self.pack
-            .flush()
-            .map_err(cache_error(&pack_path(self.out_dir)))?;
         for (index, children) in self.children.into_iter().enumerate() {
             if let Some(children) = children {
                 let subdirs = children
@@ -385,7 +359,7 @@ impl Builder<'_> {
         }
         Ok(Index {
             nodes: self.nodes,
-            unpacked_bytes: self.pack_len + self.own_len,
+            unpacked_bytes: self.unpacked,
         })
     }
 }

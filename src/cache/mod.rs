@@ -3,10 +3,10 @@
 //! Layout (`--cache-dir`, mode 0700; every file 0600):
 //!
 //! ```text
-//! checkpoints/<sha256>/index        the archive's Index (postcard) + xxh3 of it
-//! checkpoints/<sha256>/pack         small files, concatenated
-//! checkpoints/<sha256>/files/<n>    large files, one each (passthrough backing files)
-//! checkpoints/partial-*            a pass in progress; removed at start-up
+//! checkpoints/<sha256>/      one verified checkpoint (see [`entry`] for inside)
+//! checkpoints/partial-*      a pass in progress; removed at start-up
+//! checkpoints/trash-*        an evicted entry being deleted; removed at start-up
+//! lock                       flock: one daemon per cache directory
 //! ```
 //!
 //! Invariants:
@@ -16,10 +16,13 @@
 //!   against the checksums in its index: a damaged entry is deleted and fetched again;
 //! - one daemon at a time uses a cache directory (an exclusive `flock` on `lock`);
 //! - the total size stays under the configured bound, evicting least recently used
-//!   entries that the caller says are not in use.
+//!   entries that the caller releases; an evicted entry is renamed away at once (a
+//!   new load of it starts afresh) and deleted later, outside every lock.
+
+pub mod entry;
 
 use std::fs::{self, DirBuilder, File};
-use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,9 +30,10 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use lru::LruCache;
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
-use crate::archive::index::{self, FileLocation, Index, NodeKind};
+pub use entry::{PendingEntry, VerifiedCheckpoint};
+
+use crate::archive::index::{self, Index};
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::pipe::{PipeReader, pipe};
@@ -56,30 +60,10 @@ impl From<CheckpointError> for CacheError {
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
     move |cause| CacheError::Io {
         path: path.to_owned(),
         cause,
-    }
-}
-
-/// A checkpoint whose every byte was verified, ready to serve.
-pub struct VerifiedCheckpoint {
-    pub id: CheckpointId,
-    pub index: Index,
-    dir: PathBuf,
-    pack: File,
-}
-
-impl VerifiedCheckpoint {
-    /// Reads `len` bytes at `offset` of a packed file starting at `start` in the pack.
-    pub fn read_packed(&self, start: u64, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        read_at(&self.pack, start + offset, len)
-    }
-
-    /// Opens the own file of `node` read-only.
-    pub fn open_own(&self, node: u32) -> io::Result<File> {
-        File::open(index::own_file_path(&self.dir, node))
     }
 }
 
@@ -151,19 +135,6 @@ pub fn private_dir(path: &Path) -> Result<(), CacheError> {
         .map_err(|e| io_err(path)(e.into()))
 }
 
-fn dir_size(dir: &Path) -> u64 {
-    let files = fs::read_dir(dir.join("files"))
-        .into_iter()
-        .flatten()
-        .flatten();
-    let own: u64 = files
-        .filter_map(|f| f.metadata().ok())
-        .map(|m| m.len())
-        .sum();
-    let pack = fs::metadata(index::pack_path(dir)).map_or(0, |m| m.len());
-    own + pack
-}
-
 impl Cache {
     /// Opens the cache directory, creating it, and forgets unfinished passes.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, CacheError> {
@@ -197,10 +168,10 @@ impl Cache {
                         .metadata()
                         .and_then(|m| m.modified())
                         .unwrap_or(SystemTime::UNIX_EPOCH);
-                    found.push((used, id, dir_size(&path)));
+                    found.push((used, id, entry::size_on_disk(&path)));
                 }
                 None => {
-                    tracing::info!(path = %path.display(), "removing unfinished cache entry");
+                    tracing::info!(path = %path.display(), "removing an unfinished or evicted cache entry");
                     let _ = fs::remove_dir_all(&path);
                 }
             }
@@ -246,7 +217,7 @@ impl Cache {
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
         let dir = self.entry_dir(id);
         if dir.exists() {
-            match open_entry(id, &dir) {
+            match entry::open_checked(id, &dir) {
                 Ok(checkpoint) => {
                     self.touch(id, &dir, checkpoint.index.unpacked_bytes);
                     self.reuses.fetch_add(1, Ordering::Relaxed);
@@ -270,11 +241,11 @@ impl Cache {
         limits: Limits,
         default_mtime: i64,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
-        let pending = self.begin()?;
+        let mut pending = self.begin()?;
         let (chunks, verdict) = read_ahead(reader);
         let built = index::build(
             flate2::read::MultiGzDecoder::new(chunks),
-            pending.dir(),
+            &mut pending,
             limits,
             default_mtime,
         );
@@ -294,13 +265,13 @@ impl Cache {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         private_dir(&dir)?;
-        Ok(PendingEntry { dir: Some(dir) })
+        PendingEntry::create(dir)
     }
 
     /// Completes an entry whose contents were indexed from bytes that hashed to `id`.
     pub fn finish(
         &self,
-        mut pending: PendingEntry,
+        pending: PendingEntry,
         id: &CheckpointId,
         index: Index,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
@@ -308,7 +279,7 @@ impl Cache {
         if dir.exists() {
             // The same checkpoint is already here (a tree sealed twice): keep the entry
             // its readers may be using, unless it is damaged.
-            match open_entry(id, &dir) {
+            match entry::open_checked(id, &dir) {
                 Ok(existing) => {
                     drop(pending);
                     self.touch(id, &dir, existing.index.unpacked_bytes);
@@ -320,18 +291,9 @@ impl Cache {
                 }
             }
         }
-        let partial = pending.dir.take().expect("a pending entry finishes once");
-        let result = write_index(&partial, &index).and_then(|()| {
-            fs::rename(&partial, &dir).map_err(io_err(&dir))?;
-            // Served from the index in hand: reading it back would hold two copies.
-            let checkpoint = entry_with_index(id, &dir, index)?;
-            self.touch(id, &dir, checkpoint.index.unpacked_bytes);
-            Ok(Arc::new(checkpoint))
-        });
-        if result.is_err() {
-            let _ = fs::remove_dir_all(&partial);
-        }
-        result
+        let checkpoint = pending.finish(id, index, &dir)?;
+        self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+        Ok(Arc::new(checkpoint))
     }
 
     fn touch(&self, id: &CheckpointId, dir: &Path, size: u64) {
@@ -358,10 +320,14 @@ impl Cache {
         }
     }
 
-    /// Evicts least recently used entries until the cache fits its bound, skipping
-    /// those `in_use` names. Returns the evicted checkpoints.
-    pub fn evict(&self, in_use: impl Fn(&CheckpointId) -> bool) -> Vec<CheckpointId> {
-        let mut evicted = Vec::new();
+    /// Evicts least recently used entries until the cache fits its bound. `release`
+    /// is asked about each candidate, least recently used first, and answers true
+    /// when nothing uses it any more and nothing can start to (it is called under the
+    /// cache's lock). Evicted entries are renamed away at once; the returned [`Trash`]
+    /// deletes them, and is meant to be emptied outside every lock.
+    pub fn evict(&self, release: impl Fn(&CheckpointId) -> bool) -> Trash {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut trash = Trash(Vec::new());
         let mut entries = self.entries.lock().expect("cache lock");
         let mut total: u64 = entries.iter().map(|(_, s)| s).sum();
         let candidates: Vec<(CheckpointId, u64)> = entries
@@ -373,156 +339,43 @@ impl Cache {
             if total <= self.max_bytes {
                 break;
             }
-            if in_use(&id) {
+            if !release(&id) {
                 continue;
             }
             entries.pop(&id);
             total -= size;
-            evicted.push(id);
-        }
-        drop(entries);
-        for id in &evicted {
-            tracing::info!(checkpoint = %id, "evicting from cache");
-            let _ = fs::remove_dir_all(self.entry_dir(id));
-        }
-        evicted
-    }
-}
-
-fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
-    let bytes = postcard::to_stdvec(index).map_err(|e| CacheError::Io {
-        path: dir.join("index"),
-        cause: io::Error::other(e),
-    })?;
-    let tmp = dir.join("index.tmp");
-    let mut file = index::create_private(&tmp).map_err(io_err(&tmp))?;
-    file.write_all(&bytes)
-        .and_then(|()| file.write_all(&xxh3_64(&bytes).to_le_bytes()))
-        .and_then(|()| file.sync_all())
-        .map_err(io_err(&tmp))?;
-    fs::rename(&tmp, dir.join("index")).map_err(io_err(dir))
-}
-
-/// A cache entry being written; removed unless finished.
-pub struct PendingEntry {
-    dir: Option<PathBuf>,
-}
-
-impl PendingEntry {
-    pub fn dir(&self) -> &Path {
-        self.dir
-            .as_deref()
-            .expect("a pending entry has its directory until finished")
-    }
-}
-
-impl Drop for PendingEntry {
-    fn drop(&mut self) {
-        if let Some(dir) = self.dir.take() {
-            let _ = fs::remove_dir_all(dir);
-        }
-    }
-}
-
-fn read_index(dir: &Path) -> Result<Index, CacheError> {
-    let path = dir.join("index");
-    let bytes = fs::read(&path).map_err(io_err(&path))?;
-    let damaged = |why: &str| CacheError::Io {
-        path: path.clone(),
-        cause: io::Error::new(io::ErrorKind::InvalidData, why.to_owned()),
-    };
-    if bytes.len() < 8 {
-        return Err(damaged("index too short"));
-    }
-    let (body, sum) = bytes.split_at(bytes.len() - 8);
-    if xxh3_64(body).to_le_bytes() != sum {
-        return Err(damaged("index checksum mismatch"));
-    }
-    postcard::from_bytes(body).map_err(|_| damaged("index undecodable"))
-}
-
-/// Opens an entry whose index was read back and checked.
-fn open_entry_trusted(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, CacheError> {
-    entry_with_index(id, dir, read_index(dir)?)
-}
-
-fn entry_with_index(
-    id: &CheckpointId,
-    dir: &Path,
-    index: Index,
-) -> Result<VerifiedCheckpoint, CacheError> {
-    let pack_path = index::pack_path(dir);
-    let pack = File::open(&pack_path).map_err(io_err(&pack_path))?;
-    Ok(VerifiedCheckpoint {
-        id: id.clone(),
-        index,
-        dir: dir.to_owned(),
-        pack,
-    })
-}
-
-/// Opens an entry found on disk, checking every byte against the index first.
-fn open_entry(id: &CheckpointId, dir: &Path) -> Result<VerifiedCheckpoint, CacheError> {
-    let checkpoint = open_entry_trusted(id, dir)?;
-    let damaged = |path: &Path, why: String| CacheError::Io {
-        path: path.to_owned(),
-        cause: io::Error::new(io::ErrorKind::InvalidData, why),
-    };
-    let mut packed = Vec::new();
-    for (node, entry) in checkpoint.index.nodes.iter().enumerate() {
-        if let NodeKind::File {
-            size,
-            location,
-            checksum,
-        } = entry.kind
-        {
-            match location {
-                FileLocation::Packed { offset } => packed.push((offset, size, checksum)),
-                FileLocation::Own => {
-                    let path = index::own_file_path(dir, node as u32);
-                    let file = File::open(&path).map_err(io_err(&path))?;
-                    let (len, sum) = hash_stream(file).map_err(io_err(&path))?;
-                    if len != size || sum != checksum {
-                        return Err(damaged(
-                            &path,
-                            format!("content differs from the index ({len} bytes)"),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    packed.sort_unstable();
-    let pack_path = index::pack_path(dir);
-    let mut pack =
-        BufReader::with_capacity(1 << 20, File::open(&pack_path).map_err(io_err(&pack_path))?);
-    for (offset, size, checksum) in packed {
-        pack.seek(SeekFrom::Start(offset))
-            .map_err(io_err(&pack_path))?;
-        let (len, sum) = hash_stream((&mut pack).take(size)).map_err(io_err(&pack_path))?;
-        if len != size || sum != checksum {
-            return Err(damaged(
-                &pack_path,
-                format!("packed file at offset {offset} differs from the index"),
+            let away = self.checkpoints.join(format!(
+                "trash-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
             ));
+            match fs::rename(self.entry_dir(&id), &away) {
+                Ok(()) => {
+                    tracing::info!(checkpoint = %id, "evicted from the cache");
+                    trash.0.push(away);
+                }
+                Err(e) => tracing::warn!(checkpoint = %id, error = %e, "could not evict"),
+            }
         }
+        trash
     }
-    Ok(checkpoint)
 }
 
-fn hash_stream(mut reader: impl Read) -> io::Result<(u64, u64)> {
-    let mut hasher = Xxh3::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        match reader.read(&mut buf) {
-            Ok(0) => return Ok((len, hasher.digest())),
-            Ok(n) => {
-                hasher.update(&buf[..n]);
-                len += n as u64;
+/// Evicted entries waiting to be deleted.
+#[must_use = "empty the trash once every lock is released"]
+pub struct Trash(Vec<PathBuf>);
+
+impl Trash {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Deletes the evicted entries (slow for large ones: call it holding no lock).
+    pub fn empty(self) {
+        for dir in self.0 {
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                tracing::warn!(path = %dir.display(), error = %e, "could not delete an evicted entry");
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
     }
 }

@@ -36,6 +36,10 @@ pub enum FsError {
     NotPermitted(&'static str),
     #[error("invalid argument")]
     InvalidArgument,
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+    #[error("no such attribute")]
+    NoAttribute,
 }
 
 impl FsError {
@@ -55,6 +59,8 @@ impl FsError {
             FsError::TooLarge(_) => libc::EFBIG,
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::InvalidArgument => libc::EINVAL,
+            FsError::NotSupported(_) => libc::ENOTSUP,
+            FsError::NoAttribute => libc::ENODATA,
         }
     }
 
@@ -70,6 +76,8 @@ impl FsError {
                 | FsError::Os(_)
                 | FsError::Exists
                 | FsError::Busy
+                | FsError::NotSupported(_)
+                | FsError::NoAttribute
         )
     }
 }

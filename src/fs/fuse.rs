@@ -1,23 +1,17 @@
 //! The FUSE adapter: converts fuser's arguments and replies to and from
-//! [`CheckpointFs`] calls, and does nothing else.
-//!
-//! Operations that need a checkpoint's contents are deferred with
-//! [`CheckpointFs::ensure_loaded`] so that the request threads stay free while a
-//! checkpoint downloads; their reply is sent from the loader thread, as seal replies
-//! are sent from the seal's thread. Errors are logged once here, with the errno sent.
-//!
-//! Kernel caches: checkpoint contents never change, so their entries and attributes
-//! are cached for a day and their pages kept across opens; names in the root and in
-//! `by-time/` follow the listing and are cached for a second. Top-level names in
-//! `staging/` and `commit/` are never cached, because `mv staging/NAME commit/`
-//! turns a directory into a symlink under the kernel's feet.
+//! [`CheckpointFs`] calls, and does nothing else. The core decides what the kernel may
+//! cache ([`super::Entry::ttl`], [`super::Opened`]) and which operations wait for a
+//! checkpoint to load ([`CheckpointFs::prepare`]); replies to those are sent from the
+//! loader's thread, as seal replies are sent from the seal's thread. Errors are
+//! logged once here, with the errno sent.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -27,14 +21,10 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::inode::{self, Inode};
+use super::inode;
 use super::{
-    Attr, Caller, CheckpointFs, FileKind, FsError, OpenFile, SetAttr, SetTime, StagingTree,
+    Attr, Caller, CheckpointFs, Entry, FileKind, FsError, Opened, Reading, SetAttr, SetTime,
 };
-
-const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
-const MUTABLE_TTL: Duration = Duration::from_secs(1);
-const UNCACHED: Duration = Duration::ZERO;
 
 /// Passthrough backing files in use. The kernel takes one backing file per inode:
 /// a second open of an inode must reuse the first one's id (a different one makes
@@ -100,6 +90,13 @@ pub struct FuseAdapter {
     notifier: Arc<OnceLock<Notifier>>,
 }
 
+/// How an open is answered: through the inode's passthrough backing file, or
+/// served in user space with these flags.
+enum OpenAs<'a> {
+    Passthrough(MutexGuard<'a, BackingTable>),
+    Served(FopenFlags),
+}
+
 impl FuseAdapter {
     pub fn new(fs: Arc<CheckpointFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
         FuseAdapter {
@@ -110,56 +107,46 @@ impl FuseAdapter {
         }
     }
 
-    fn attr_ttl(&self, ino: u64) -> Duration {
-        if self.fs.is_immutable(ino) {
-            IMMUTABLE_TTL
-        } else if matches!(Inode::decode(ino), Some(Inode::CommitLink { .. })) {
-            UNCACHED
-        } else {
-            MUTABLE_TTL
-        }
-    }
-
-    /// Runs `work` now, or once the checkpoint `ino` belongs to is loaded.
-    fn dispatch(&self, ino: u64, getattr: bool, work: impl FnOnce(&CheckpointFs) + Send + 'static) {
-        match self.fs.slot_needing_load(ino, getattr) {
-            None => work(&self.fs),
-            Some(slot) => {
-                let fs = Arc::clone(&self.fs);
-                self.fs.ensure_loaded(slot, Box::new(move || work(&fs)));
-            }
-        }
-    }
-
     fn reply_entry(
         &self,
         parent: u64,
-        result: Result<Attr, FsError>,
-        operation: &str,
+        result: Result<Entry, FsError>,
+        op: &str,
         reply: ReplyEntry,
     ) {
         match result {
-            Ok(attr) => reply.entry(
-                &entry_ttl(&self.fs, parent, attr.ino),
-                &file_attr(&attr),
-                Generation(0),
-            ),
-            Err(e) => reply.error(errno(operation, parent, &e)),
+            Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
+            Err(e) => reply.error(errno(op, parent, &e)),
         }
     }
 }
 
-fn entry_ttl(fs: &CheckpointFs, parent: u64, ino: u64) -> Duration {
-    if parent == inode::STAGING || parent == inode::COMMIT {
-        UNCACHED
-    } else if parent == inode::ROOT || parent == inode::BY_TIME {
-        // A checkpoint deleted from the store must vanish with the next listing.
-        MUTABLE_TTL
-    } else if fs.is_immutable(ino) {
-        IMMUTABLE_TTL
-    } else {
-        MUTABLE_TTL
+/// The passthrough handshake, the same for `open` and `create`: the kernel takes a
+/// backing file for the inode when it can (one id per inode, see [`BackingTable`]).
+fn open_as<'a>(
+    passthrough: bool,
+    backing: &'a Backing,
+    ino: u64,
+    opened: &Opened,
+    register: impl FnOnce(&File) -> std::io::Result<BackingId>,
+) -> OpenAs<'a> {
+    let mut flags = FopenFlags::empty();
+    if opened.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
     }
+    if opened.direct_io {
+        flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    let Some(file) = opened.backing.as_ref().filter(|_| passthrough) else {
+        return OpenAs::Served(flags);
+    };
+    let mut table = backing.lock().expect("backing lock");
+    if table.acquire(ino, opened.fh, || register(file)) {
+        return OpenAs::Passthrough(table);
+    }
+    // Direct I/O may coexist with passthrough opens of the same inode; cached I/O
+    // may not.
+    OpenAs::Served(flags | FopenFlags::FOPEN_DIRECT_IO)
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {
@@ -234,16 +221,7 @@ fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
     })
 }
 
-fn open_flags(opened: &OpenFile) -> FopenFlags {
-    let mut flags = FopenFlags::empty();
-    if opened.keep_cache {
-        flags |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
-    if opened.direct_io {
-        flags |= FopenFlags::FOPEN_DIRECT_IO;
-    }
-    flags
-}
+const UNCACHED: Duration = Duration::ZERO;
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -265,14 +243,9 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
-        self.dispatch(parent.0, false, move |fs| {
-            let result = fs.lookup(parent.0, &name);
-            match result {
-                Ok(attr) => reply.entry(
-                    &entry_ttl(fs, parent.0, attr.ino),
-                    &file_attr(&attr),
-                    Generation(0),
-                ),
+        self.fs.prepare(parent.0, Reading::Lookup, move |fs| {
+            match fs.lookup(parent.0, &name) {
+                Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
                 Err(e) => reply.error(errno("lookup", parent.0, &e)),
             }
         });
@@ -283,17 +256,19 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let ttl = self.attr_ttl(ino.0);
-        self.dispatch(ino.0, true, move |fs| match fs.getattr(ino.0) {
-            Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
-            Err(e) => reply.error(errno("getattr", ino.0, &e)),
-        });
+        self.fs
+            .prepare(ino.0, Reading::Getattr, move |fs| match fs.getattr(ino.0) {
+                Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
+                Err(e) => reply.error(errno("getattr", ino.0, &e)),
+            });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.dispatch(ino.0, false, move |fs| match fs.readlink(ino.0) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno("readlink", ino.0, &e)),
+        self.fs.prepare(ino.0, Reading::Readlink, move |fs| {
+            match fs.readlink(ino.0) {
+                Ok(target) => reply.data(&target),
+                Err(e) => reply.error(errno("readlink", ino.0, &e)),
+            }
         });
     }
 
@@ -303,10 +278,11 @@ impl Filesystem for FuseAdapter {
         // their listings in its cache (revalidated by the directory's mtime), which
         // saves a round trip per directory `find` or `ls -R` enters. A checkpoint that
         // fails verification answers EIO when it is read (`readdir`, `lookup`).
-        self.dispatch(ino.0, false, move |fs| match fs.opendir(ino.0) {
-            Ok(()) => reply.error(Errno::from_i32(libc::ENOSYS)),
-            Err(e) => reply.error(errno("opendir", ino.0, &e)),
-        });
+        self.fs
+            .prepare(ino.0, Reading::Opendir, move |fs| match fs.opendir(ino.0) {
+                Ok(()) => reply.error(Errno::from_i32(libc::ENOSYS)),
+                Err(e) => reply.error(errno("opendir", ino.0, &e)),
+            });
     }
 
     fn readdir(
@@ -317,7 +293,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.dispatch(ino.0, false, move |fs| {
+        self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
             let result = fs.readdir(ino.0, offset, &mut |entry, next| {
                 let kind = file_type(entry.kind);
                 reply.add(
@@ -343,7 +319,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         // Entries with their attributes, so that `ls -l` needs no lookup per entry.
-        self.dispatch(ino.0, false, move |fs| {
+        self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
             let mut failure = None;
             let result = fs.readdir(ino.0, offset, &mut |entry, next| {
                 let name = OsStr::from_bytes(&entry.name);
@@ -359,25 +335,24 @@ impl Filesystem for FuseAdapter {
                         Generation(0),
                     );
                 }
-                let attr = match fs.lookup(ino.0, &entry.name) {
-                    Ok(attr) => attr,
+                let found = match fs.lookup(ino.0, &entry.name) {
+                    Ok(found) => found,
                     Err(e) => {
                         failure = Some(e);
                         return true;
                     }
                 };
-                let ttl = entry_ttl(fs, ino.0, attr.ino);
                 let full = reply.add(
-                    INodeNo(attr.ino),
+                    INodeNo(found.attr.ino),
                     next,
                     name,
-                    &ttl,
-                    &file_attr(&attr),
+                    &found.ttl,
+                    &file_attr(&found.attr),
                     Generation(0),
                 );
                 if full {
                     // Not sent: the kernel will not count this lookup.
-                    fs.forget(attr.ino, 1);
+                    fs.forget(found.attr.ino, 1);
                 }
                 full
             });
@@ -391,29 +366,22 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let passthrough = self.passthrough.load(Ordering::Relaxed);
         let backing = Arc::clone(&self.backing);
-        self.dispatch(ino.0, false, move |fs| {
+        self.fs.prepare(ino.0, Reading::Open, move |fs| {
             let opened = match fs.open(ino.0, flags.0) {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
-            if passthrough && let Some(file) = &opened.backing {
-                let mut table = backing.lock().expect("backing lock");
-                if table.acquire(ino.0, opened.fh, || reply.open_backing(file)) {
-                    // The kernel refuses cache flags with passthrough (EIO): the page
-                    // cache is the backing file's own anyway.
-                    let id = table.id(ino.0);
-                    return reply.opened_passthrough(
-                        FileHandle(opened.fh),
-                        FopenFlags::empty(),
-                        id,
-                    );
+            let fh = FileHandle(opened.fh);
+            match open_as(passthrough, &backing, ino.0, &opened, |f| {
+                reply.open_backing(f)
+            }) {
+                // The kernel refuses cache flags with passthrough (EIO): the page cache
+                // is the backing file's own anyway.
+                OpenAs::Passthrough(table) => {
+                    reply.opened_passthrough(fh, FopenFlags::empty(), table.id(ino.0))
                 }
-                // Direct I/O may coexist with passthrough opens of the same inode;
-                // cached I/O may not.
-                let flags = open_flags(&opened) | FopenFlags::FOPEN_DIRECT_IO;
-                return reply.opened(FileHandle(opened.fh), flags);
+                OpenAs::Served(flags) => reply.opened(fh, flags),
             }
-            reply.opened(FileHandle(opened.fh), open_flags(&opened));
         });
     }
 
@@ -427,37 +395,25 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let (attr, opened) =
-            match self
-                .fs
-                .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req))
-            {
-                Ok(created) => created,
-                Err(e) => return reply.error(errno("create", parent.0, &e)),
-            };
-        let ttl = entry_ttl(&self.fs, parent.0, attr.ino);
-        let fuse_attr = file_attr(&attr);
-        let fopen = open_flags(&opened);
-        if self.passthrough.load(Ordering::Relaxed)
-            && let Some(file) = &opened.backing
-        {
-            let mut table = self.backing.lock().expect("backing lock");
-            let fh = FileHandle(opened.fh);
-            if table.acquire(attr.ino, opened.fh, || reply.open_backing(file)) {
-                let id = table.id(attr.ino);
+        let created = self
+            .fs
+            .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req));
+        let (entry, opened) = match created {
+            Ok(created) => created,
+            Err(e) => return reply.error(errno("create", parent.0, &e)),
+        };
+        let (ttl, attr, fh) = (entry.ttl, file_attr(&entry.attr), FileHandle(opened.fh));
+        let passthrough = self.passthrough.load(Ordering::Relaxed);
+        let ino = entry.attr.ino;
+        match open_as(passthrough, &self.backing, ino, &opened, |f| {
+            reply.open_backing(f)
+        }) {
+            OpenAs::Passthrough(table) => {
                 let empty = FopenFlags::empty();
-                return reply.created_passthrough(&ttl, &fuse_attr, Generation(0), fh, empty, id);
+                reply.created_passthrough(&ttl, &attr, Generation(0), fh, empty, table.id(ino))
             }
-            let flags = fopen | FopenFlags::FOPEN_DIRECT_IO;
-            return reply.created(&ttl, &fuse_attr, Generation(0), fh, flags);
+            OpenAs::Served(flags) => reply.created(&ttl, &attr, Generation(0), fh, flags),
         }
-        reply.created(
-            &ttl,
-            &fuse_attr,
-            Generation(0),
-            FileHandle(opened.fh),
-            fopen,
-        );
     }
 
     fn read(
@@ -604,7 +560,7 @@ impl Filesystem for FuseAdapter {
             fh: fh.map(|f| f.0),
         };
         match self.fs.setattr(ino.0, set) {
-            Ok(attr) => reply.attr(&self.attr_ttl(ino.0), &file_attr(&attr)),
+            Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
             Err(e) => reply.error(errno("setattr", ino.0, &e)),
         }
     }
@@ -726,21 +682,10 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        // Extended attributes (and ACLs) are not part of checkpoints: "not supported"
-        // lets `cp -a` and `rsync -a` carry on without them.
-        let errno = if StagingTree::owns_inode(ino.0) {
-            libc::ENOTSUP
-        } else {
-            libc::EROFS
-        };
-        reply.error(Errno::from_i32(errno));
+        reply.error(errno("setxattr", ino.0, &self.fs.setxattr(ino.0)));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(if StagingTree::owns_inode(ino.0) {
-            libc::ENODATA
-        } else {
-            libc::EROFS
-        }));
+        reply.error(errno("removexattr", ino.0, &self.fs.removexattr(ino.0)));
     }
 }

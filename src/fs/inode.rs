@@ -1,4 +1,5 @@
-//! Inode numbers: fixed ones for the virtual tree, and a 32-bit range per checkpoint.
+//! Inode numbers and file handles, and which subtree owns each: fixed numbers for
+//! the virtual tree, a 32-bit range per checkpoint, a bit for staging.
 //!
 //! Checkpoint `slot` (its position in the order the mount first saw checkpoints)
 //! owns `(slot + 1) << 32 ..`: the first number is its `by-time/` link, then one per
@@ -17,6 +18,41 @@ pub const STATUS: u64 = 6;
 pub const STAGED_BIT: u64 = 1 << 63;
 /// `commit/NAME` links carry this bit, with their position in `commit/`.
 pub const COMMIT_LINK_BIT: u64 = 1 << 62;
+
+/// File handles of the virtual tree (`.status`) carry this bit; staging's carry
+/// [`STAGED_BIT`]; checkpoint files' carry neither.
+pub const HANDLE_VIEW_BIT: u64 = 1 << 62;
+
+/// The subtree that answers for an inode or a file handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The root, `by-time/`, `latest`, `.status`, `commit/` and what is in them.
+    Views,
+    /// What is inside `<sha256>/`, the checkpoint's own directory included.
+    Checkpoints,
+    /// `staging/` and everything below it.
+    Staging,
+}
+
+impl Owner {
+    pub fn of_inode(ino: u64) -> Owner {
+        match Inode::decode(ino) {
+            Some(Inode::Staging | Inode::Staged(_)) => Owner::Staging,
+            Some(Inode::Node { .. }) => Owner::Checkpoints,
+            _ => Owner::Views,
+        }
+    }
+
+    pub fn of_handle(fh: u64) -> Owner {
+        if fh & STAGED_BIT != 0 {
+            Owner::Staging
+        } else if fh & HANDLE_VIEW_BIT != 0 {
+            Owner::Views
+        } else {
+            Owner::Checkpoints
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inode {
@@ -107,5 +143,25 @@ mod tests {
             assert_eq!(Inode::decode(inode.encode()), Some(inode));
         }
         assert_eq!(Inode::decode(7), None);
+    }
+
+    #[test]
+    fn every_inode_and_handle_has_one_owner() {
+        assert_eq!(Owner::of_inode(STAGING), Owner::Staging);
+        assert_eq!(Owner::of_inode(STAGED_BIT | 77), Owner::Staging);
+        assert_eq!(
+            Owner::of_inode(Inode::Node { slot: 3, node: 0 }.encode()),
+            Owner::Checkpoints
+        );
+        assert_eq!(
+            Owner::of_inode(Inode::ByTimeLink { slot: 3 }.encode()),
+            Owner::Views
+        );
+        for ino in [ROOT, BY_TIME, LATEST, COMMIT, STATUS, COMMIT_LINK_BIT | 2] {
+            assert_eq!(Owner::of_inode(ino), Owner::Views, "{ino}");
+        }
+        assert_eq!(Owner::of_handle(STAGED_BIT | 1), Owner::Staging);
+        assert_eq!(Owner::of_handle(HANDLE_VIEW_BIT | 1), Owner::Views);
+        assert_eq!(Owner::of_handle(1), Owner::Checkpoints);
     }
 }

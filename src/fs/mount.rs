@@ -63,6 +63,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
             gid,
             work_dir,
             threads: crate::commands::compression_threads(),
+            loaders: args.loaders.unwrap_or_else(super::loader::default_loaders),
         },
     );
     fs.refresh()

@@ -2,7 +2,7 @@
 //! staging directory in temporary folders, and the core called as the adapter would.
 
 use super::*;
-use crate::checkpoint::PutOptions;
+use crate::checkpoint::{self, CheckpointId, PutOptions};
 use crate::store::local::LocalStore;
 use std::sync::mpsc;
 
@@ -49,6 +49,7 @@ fn fixture(trees: &[&[(&str, &[u8])]]) -> (Fixture, Vec<CheckpointId>) {
             gid: 0,
             work_dir: cache_dir.path().to_owned(),
             threads: 1,
+            loaders: 2,
         },
     );
     fs.refresh().unwrap();
@@ -73,11 +74,9 @@ fn names(fs: &CheckpointFs, ino: u64) -> Vec<String> {
 
 /// Loads the checkpoint `ino` belongs to, the way the adapter does.
 fn wait_loaded(fs: &Arc<CheckpointFs>, ino: u64) {
-    if let Some(slot) = fs.slot_needing_load(ino, false) {
-        let (tx, rx) = mpsc::channel();
-        fs.ensure_loaded(slot, Box::new(move || tx.send(()).unwrap()));
-        rx.recv().unwrap();
-    }
+    let (tx, rx) = mpsc::channel();
+    fs.prepare(ino, Reading::Opendir, move |_| tx.send(()).unwrap());
+    rx.recv().unwrap();
 }
 
 #[test]
@@ -93,9 +92,13 @@ fn lists_from_the_listing_alone_and_serves_verified_contents() {
 
     let dir =
         f.fs.lookup(inode::ROOT, ids[0].as_str().as_bytes())
-            .unwrap();
+            .unwrap()
+            .attr;
     // stat of the checkpoint's directory needs no download...
-    assert!(f.fs.slot_needing_load(dir.ino, true).is_none());
+    assert_eq!(
+        f.fs.getattr(dir.ino).unwrap().attr.kind,
+        FileKind::Directory
+    );
     assert!(
         String::from_utf8(f.fs.status_text())
             .unwrap()
@@ -104,7 +107,7 @@ fn lists_from_the_listing_alone_and_serves_verified_contents() {
     // ...but its contents do.
     wait_loaded(&f.fs, dir.ino);
     assert_eq!(names(&f.fs, dir.ino), [".", "..", "a.txt", "dir"]);
-    let file = f.fs.lookup(dir.ino, b"a.txt").unwrap();
+    let file = f.fs.lookup(dir.ino, b"a.txt").unwrap().attr;
     let opened = f.fs.open(file.ino, libc::O_RDONLY).unwrap();
     assert_eq!(f.fs.read(opened.fh, 0, 100).unwrap(), b"hello");
     assert_eq!(f.fs.read(opened.fh, 3, 100).unwrap(), b"lo");
@@ -135,7 +138,8 @@ fn a_corrupt_checkpoint_answers_eio_and_says_why() {
 
     let bad =
         f.fs.lookup(inode::ROOT, ids[1].as_str().as_bytes())
-            .unwrap();
+            .unwrap()
+            .attr;
     wait_loaded(&f.fs, bad.ino);
     let err = f.fs.opendir(bad.ino).unwrap_err();
     assert_eq!(err.errno(), libc::EIO);
@@ -147,7 +151,8 @@ fn a_corrupt_checkpoint_answers_eio_and_says_why() {
 
     let good =
         f.fs.lookup(inode::ROOT, ids[0].as_str().as_bytes())
-            .unwrap();
+            .unwrap()
+            .attr;
     wait_loaded(&f.fs, good.ino);
     assert_eq!(names(&f.fs, good.ino), [".", "..", "a.txt"]);
 }

@@ -32,17 +32,25 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec, Timestamps};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec};
+
+mod changes;
+mod freeze;
+
+pub use freeze::Frozen;
 
 use super::inode;
-use super::{Attr, DirEntry, FileKind, FsError};
-use crate::beneath;
+use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+
+/// Attributes of staged entries change behind the kernel's back only through this
+/// mount: cached for a second.
+const ATTR_TTL: Duration = Duration::from_secs(1);
 
 /// Set in every FUSE inode number and file handle that belongs to staging.
 pub const STAGING_BIT: u64 = inode::STAGED_BIT;
@@ -173,14 +181,6 @@ const OMIT: Timespec = Timespec {
     tv_nsec: rfs::UTIME_OMIT,
 };
 
-/// A workspace frozen for sealing: its directory, opened when it was frozen, and
-/// every inode in it.
-pub struct Frozen {
-    pub name: Vec<u8>,
-    pub dir: OwnedFd,
-    inodes: Vec<u64>,
-}
-
 impl StagingTree {
     /// Opens (creating if needed) the backing directory, and makes it private: it
     /// must belong to the daemon's user, and becomes mode 0700, so that no other user
@@ -228,14 +228,6 @@ impl StagingTree {
             frozen: Mutex::new(HashSet::new()),
             can_chown: rustix::process::geteuid().is_root(),
         })
-    }
-
-    pub fn owns_inode(ino: u64) -> bool {
-        ino == inode::STAGING || ino & STAGING_BIT != 0
-    }
-
-    pub fn owns_handle(fh: u64) -> bool {
-        fh & STAGING_BIT != 0
     }
 
     fn fuse_ino(&self, backing_ino: u64) -> u64 {
@@ -388,7 +380,7 @@ impl StagingTree {
     }
 
     /// Registers one more kernel reference to `parent/name` and returns its attributes.
-    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+    fn lookup_attr(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
         let mut stat = rfs::statat(&*parent_fd, os_name, AtFlags::SYMLINK_NOFOLLOW).map_err(os)?;
@@ -423,307 +415,12 @@ impl StagingTree {
         }
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+    pub fn attr_of(&self, ino: u64) -> Result<Attr, FsError> {
         let attr = self.attr(&self.stat(&self.loc(ino)?)?);
         if attr.ino != ino {
             return Err(FsError::Stale);
         }
         Ok(attr)
-    }
-
-    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
-        let _changing = self.changing();
-        self.check_not_frozen(ino)?;
-        let loc = self.loc(ino)?;
-        let open_file = |handle: &Arc<Handle>| handle.file.try_clone().map_err(FsError::Os);
-        if let Some(mode) = set.mode {
-            // On the entry itself: a symlink's own mode cannot change (EOPNOTSUPP),
-            // and what it points to is never touched.
-            let mode = mode & 0o7777;
-            match &loc {
-                Loc::Dir(fd) => beneath::chmod_opened(&**fd, mode),
-                Loc::At(dir, name) => beneath::chmod_at(&**dir, OsStr::from_bytes(name), mode),
-                Loc::Open(handle) => rfs::fchmod(&handle.file, Mode::from_raw_mode(mode))
-                    .map_err(std::io::Error::from),
-            }
-            .map_err(FsError::Os)?;
-        }
-        if set.uid.is_some() || set.gid.is_some() {
-            let uid = set.uid.map(rustix::process::Uid::from_raw);
-            let gid = set.gid.map(rustix::process::Gid::from_raw);
-            match &loc {
-                Loc::Dir(fd) => rfs::chownat(
-                    &**fd,
-                    "",
-                    uid,
-                    gid,
-                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-                ),
-                Loc::At(dir, name) => rfs::chownat(
-                    &**dir,
-                    OsStr::from_bytes(name),
-                    uid,
-                    gid,
-                    AtFlags::SYMLINK_NOFOLLOW,
-                ),
-                Loc::Open(handle) => rfs::fchown(open_file(handle)?, uid, gid),
-            }
-            .map_err(os)?;
-        }
-        if let Some(size) = set.size {
-            let file = match (set.fh.and_then(|fh| self.handle(fh)), &loc) {
-                (Some(handle), _) => open_file(&handle)?,
-                (None, Loc::Open(handle)) => open_file(handle)?,
-                (None, Loc::At(dir, name)) => rfs::openat(
-                    &**dir,
-                    OsStr::from_bytes(name),
-                    OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(os)?
-                .into(),
-                (None, Loc::Dir(_)) => return Err(FsError::IsADirectory),
-            };
-            file.set_len(size).map_err(FsError::Os)?;
-        }
-        if set.atime.is_some() || set.mtime.is_some() {
-            let times = Timestamps {
-                last_access: set.atime.map_or(OMIT, timespec),
-                last_modification: set.mtime.map_or(OMIT, timespec),
-            };
-            match &loc {
-                Loc::Dir(fd) => rfs::utimensat(
-                    &**fd,
-                    "",
-                    &times,
-                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-                ),
-                Loc::At(dir, name) => rfs::utimensat(
-                    &**dir,
-                    OsStr::from_bytes(name),
-                    &times,
-                    AtFlags::SYMLINK_NOFOLLOW,
-                ),
-                Loc::Open(handle) => rfs::futimens(open_file(handle)?, &times),
-            }
-            .map_err(os)?;
-        }
-        self.getattr(ino)
-    }
-
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
-        match self.loc(ino)? {
-            Loc::At(dir, name) => Ok(rfs::readlinkat(&*dir, OsStr::from_bytes(&name), Vec::new())
-                .map_err(os)?
-                .into_bytes()),
-            _ => Err(FsError::InvalidArgument),
-        }
-    }
-
-    /// Gives a new entry its caller's ids (when the daemon may) and exactly the mode
-    /// asked for, acting on the descriptor `entry` of what was created (`None` for a
-    /// symlink, which is changed by name without following it). The gid stays the
-    /// parent's when the parent is set-group-ID, and a directory keeps the set-group-ID
-    /// bit it inherited, as a local filesystem does.
-    fn give_to(
-        &self,
-        parent: &OwnedFd,
-        name: &OsStr,
-        entry: Option<&OwnedFd>,
-        mode: Option<u32>,
-        caller: Caller,
-    ) -> Result<(), FsError> {
-        let parent_sgid = rfs::fstat(parent).map_err(os)?.st_mode & libc::S_ISGID != 0;
-        if self.can_chown {
-            let uid = Some(rustix::process::Uid::from_raw(caller.uid));
-            let gid = (!parent_sgid).then(|| rustix::process::Gid::from_raw(caller.gid));
-            match entry {
-                // AT_EMPTY_PATH: the descriptor may be O_PATH, which fchown refuses.
-                Some(fd) => rfs::chownat(
-                    fd,
-                    "",
-                    uid,
-                    gid,
-                    AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
-                ),
-                None => rfs::chownat(parent, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
-            }
-            .map_err(os)?;
-        }
-        if let (Some(fd), Some(mode)) = (entry, mode) {
-            let stat = rfs::fstat(fd).map_err(os)?;
-            let is_dir = rfs::FileType::from_raw_mode(stat.st_mode) == rfs::FileType::Directory;
-            let inherited = if is_dir {
-                stat.st_mode & libc::S_ISGID
-            } else {
-                0
-            };
-            let wanted = (mode & 0o7777) | inherited;
-            if stat.st_mode & 0o7777 != wanted {
-                beneath::chmod_opened(fd, wanted).map_err(FsError::Os)?;
-            }
-        }
-        Ok(())
-    }
-
-    pub fn mkdir(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        caller: Caller,
-    ) -> Result<Attr, FsError> {
-        let _changing = self.changing();
-        self.check_not_frozen(parent)?;
-        let parent_fd = self.fd(parent)?;
-        let os_name = OsStr::from_bytes(name);
-        rfs::mkdirat(&*parent_fd, os_name, Mode::from_raw_mode(mode & 0o7777)).map_err(os)?;
-        let dir = rfs::openat(
-            &*parent_fd,
-            os_name,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(os)?;
-        self.give_to(&parent_fd, os_name, Some(&dir), Some(mode), caller)?;
-        self.lookup(parent, name)
-    }
-
-    /// Makes a FIFO or a socket; device files are refused (see the module comment),
-    /// but for the whiteout (a character device numbered 0:0, which no driver
-    /// answers), which Linux lets any user make.
-    pub fn mknod(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u64,
-        caller: Caller,
-    ) -> Result<Attr, FsError> {
-        let kind = rfs::FileType::from_raw_mode(mode);
-        let allowed = match kind {
-            rfs::FileType::Fifo | rfs::FileType::Socket => true,
-            rfs::FileType::CharacterDevice => rdev == 0,
-            _ => false,
-        };
-        if !allowed {
-            return Err(FsError::NotPermitted(
-                "device files cannot be made in staging/",
-            ));
-        }
-        let _changing = self.changing();
-        self.check_not_frozen(parent)?;
-        let parent_fd = self.fd(parent)?;
-        let os_name = OsStr::from_bytes(name);
-        rfs::mknodat(
-            &*parent_fd,
-            os_name,
-            kind,
-            Mode::from_raw_mode(mode & 0o7777),
-            rdev,
-        )
-        .map_err(os)?;
-        let node = rfs::openat(
-            &*parent_fd,
-            os_name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(os)?;
-        self.give_to(&parent_fd, os_name, Some(&node), Some(mode), caller)?;
-        self.lookup(parent, name)
-    }
-
-    pub fn symlink(
-        &self,
-        parent: u64,
-        name: &[u8],
-        target: &[u8],
-        caller: Caller,
-    ) -> Result<Attr, FsError> {
-        let _changing = self.changing();
-        self.check_not_frozen(parent)?;
-        let parent_fd = self.fd(parent)?;
-        let os_name = OsStr::from_bytes(name);
-        rfs::symlinkat(OsStr::from_bytes(target), &*parent_fd, os_name).map_err(os)?;
-        self.give_to(&parent_fd, os_name, None, None, caller)?;
-        self.lookup(parent, name)
-    }
-
-    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
-        let _changing = self.changing();
-        self.check_not_frozen(ino)?;
-        self.check_not_frozen(new_parent)?;
-        let parent_fd = self.fd(new_parent)?;
-        let new_name_os = OsStr::from_bytes(new_name);
-        match self.loc(ino)? {
-            Loc::At(dir, name) => rfs::linkat(
-                &*dir,
-                OsStr::from_bytes(&name),
-                &*parent_fd,
-                new_name_os,
-                AtFlags::empty(),
-            ),
-            Loc::Dir(_) => return Err(FsError::NotPermitted("hard links to directories")),
-            Loc::Open(_) => return Err(FsError::Stale),
-        }
-        .map_err(os)?;
-        self.lookup(new_parent, new_name)
-    }
-
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
-        let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        let fd = self.fd(parent)?;
-        let victim = self.child_ino(&fd, name);
-        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)?;
-        if let Some(victim) = victim {
-            self.renamed(victim, (parent, name), None);
-        }
-        Ok(())
-    }
-
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
-        let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        let fd = self.fd(parent)?;
-        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)
-    }
-
-    pub fn rename(
-        &self,
-        parent: u64,
-        name: &[u8],
-        new_parent: u64,
-        new_name: &[u8],
-        flags: u32,
-    ) -> Result<(), FsError> {
-        let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        self.check_child_not_frozen(new_parent, new_name)?;
-        let from = self.fd(parent)?;
-        let to = self.fd(new_parent)?;
-        let moved = self.child_ino(&from, name);
-        let replaced = self.child_ino(&to, new_name);
-        rfs::renameat_with(
-            &*from,
-            OsStr::from_bytes(name),
-            &*to,
-            OsStr::from_bytes(new_name),
-            rfs::RenameFlags::from_bits_retain(flags),
-        )
-        .map_err(os)?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        if let Some(replaced) = replaced
-            && Some(replaced) != moved
-        {
-            let back = exchange.then_some((parent, name));
-            self.renamed(replaced, (new_parent, new_name), back);
-        }
-        if let Some(moved) = moved {
-            self.renamed(moved, (parent, name), Some((new_parent, new_name)));
-        }
-        Ok(())
     }
 
     /// Keeps `file` as a new handle; returns it with a second descriptor of the file,
@@ -734,7 +431,7 @@ impl StagingTree {
         file: File,
         ino: u64,
         writable: bool,
-    ) -> Result<(u64, File), FsError> {
+    ) -> Result<Opened, FsError> {
         let backing = file.try_clone().map_err(FsError::Os)?;
         let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
@@ -743,12 +440,29 @@ impl StagingTree {
             writable,
         };
         handles.insert(fh, Arc::new(handle));
-        Ok((fh, backing))
+        Ok(Opened {
+            fh,
+            backing: Some(backing),
+            keep_cache: false,
+            direct_io: false,
+        })
     }
 
-    /// Opens a file; returns the handle and the open file (usable as a passthrough
-    /// backing file).
-    pub fn open(&self, ino: u64, flags: i32) -> Result<(u64, File), FsError> {
+    /// The entry for `attr`, found or made in directory `parent`: top-level names of
+    /// `staging/` are never cached (a seal turns `commit/NAME` from a directory into
+    /// a symlink under the kernel's feet), others for a second.
+    pub fn entry_in(&self, parent: u64, attr: Attr) -> Entry {
+        let ttl = if parent == inode::STAGING {
+            Duration::ZERO
+        } else {
+            ATTR_TTL
+        };
+        Entry { attr, ttl }
+    }
+
+    /// Opens a file; the handle keeps the open file, and a second descriptor of it
+    /// goes to the kernel as a passthrough backing file.
+    fn open_file(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let _changing = writable.then(|| self.changing());
         let loc = self.loc(ino)?;
@@ -773,72 +487,19 @@ impl StagingTree {
         }
         .map_err(os)?
         .into();
-        let (fh, backing) = self.register_file(&mut handles, file, ino, writable)?;
-        Ok((fh, backing))
-    }
-
-    /// Creates and opens a file.
-    pub fn create(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: i32,
-        caller: Caller,
-    ) -> Result<(Attr, u64, File), FsError> {
-        let _changing = self.changing();
-        let parent_fd = self.fd(parent)?;
-        // As in `open`: checked and registered under the locks `freeze` takes.
-        let mut handles = self.handles.lock().expect("handles lock");
-        self.check_not_frozen(parent)?;
-        let os_name = OsStr::from_bytes(name);
-        let flags = OFlags::from_bits_retain(flags as u32) | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let created = rfs::openat(
-            &*parent_fd,
-            os_name,
-            flags | OFlags::CREATE | OFlags::EXCL,
-            Mode::from_raw_mode(mode & 0o7777),
-        );
-        let file: File = match created {
-            Ok(fd) => {
-                // Only what this call created gets the caller's ids and mode.
-                self.give_to(&parent_fd, os_name, Some(&fd), Some(mode), caller)?;
-                fd
-            }
-            // Another writer made it first; without O_EXCL the caller opens theirs.
-            Err(rustix::io::Errno::EXIST) if !flags.contains(OFlags::EXCL) => {
-                rfs::openat(&*parent_fd, os_name, flags - OFlags::CREATE, Mode::empty())
-                    .map_err(os)?
-            }
-            Err(e) => return Err(os(e)),
-        }
-        .into();
-        let attr = self.lookup(parent, name)?;
-        let (fh, backing) = self.register_file(&mut handles, file, attr.ino, true)?;
-        Ok((attr, fh, backing))
+        self.register_file(&mut handles, file, ino, writable)
     }
 
     fn handle(&self, fh: u64) -> Option<Arc<Handle>> {
         self.handles.lock().expect("handles lock").get(&fh).cloned()
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    fn read_handle(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let handle = self.handle(fh);
         let Some(Handle { file, .. }) = handle.as_deref() else {
             return Err(FsError::BadHandle);
         };
         crate::cache::read_at(file, offset, size as usize).map_err(FsError::Os)
-    }
-
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
-        let _changing = self.changing();
-        let handle = self.handle(fh);
-        let Some(Handle { file, ino, .. }) = handle.as_deref() else {
-            return Err(FsError::BadHandle);
-        };
-        self.check_not_frozen(*ino)?;
-        file.write_all_at(data, offset).map_err(FsError::Os)?;
-        Ok(data.len() as u32)
     }
 
     pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
@@ -848,7 +509,7 @@ impl StagingTree {
         Ok(())
     }
 
-    pub fn release(&self, fh: u64) {
+    fn release_handle(&self, fh: u64) {
         self.handles.lock().expect("handles lock").remove(&fh);
     }
 
@@ -856,7 +517,7 @@ impl StagingTree {
     /// asking the daemon (see `fuse.rs`), so a listing is read whole when it starts
     /// (offset 0) and kept, per directory, until it has been read to its end: offsets
     /// stay valid while it is listed.
-    pub fn readdir(
+    fn list(
         &self,
         ino: u64,
         offset: u64,
@@ -918,119 +579,55 @@ impl StagingTree {
     pub fn statfs(&self) -> Result<rfs::StatVfs, FsError> {
         rfs::fstatvfs(&*self.root_fd).map_err(os)
     }
+}
 
-    /// Freezes the workspace `name` for sealing: fails if it is not a directory or if
-    /// any of its files is open for writing. Holds the gate for writing throughout, so
-    /// that the set of frozen inodes is the whole workspace at one instant.
-    pub fn freeze(&self, name: &[u8]) -> Result<Frozen, FsError> {
-        let _gate = self.gate.write().expect("staging gate");
-        let dir =
-            beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
-                match e.raw_os_error() {
-                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotADirectory,
-                    _ => FsError::Os(e),
-                }
-            })?;
-        let mut inodes = Vec::new();
-        for_each_inode(&dir, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
-        let handles = self.handles.lock().expect("handles lock");
-        let mut frozen = self.frozen.lock().expect("frozen lock");
-        let set: HashSet<u64> = inodes.iter().copied().collect();
-        let busy = handles
-            .values()
-            .any(|h| matches!(**h, Handle { ino, writable: true, .. } if set.contains(&ino)));
-        if busy || inodes.iter().any(|i| frozen.contains(i)) {
-            return Err(FsError::Busy);
-        }
-        frozen.extend(inodes.iter().copied());
-        Ok(Frozen {
-            name: name.to_vec(),
-            dir,
-            inodes,
+impl Subtree for StagingTree {
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Entry, FsError> {
+        Ok(self.entry_in(parent, self.lookup_attr(parent, name)?))
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        Ok(Entry {
+            attr: self.attr_of(ino)?,
+            ttl: ATTR_TTL,
         })
     }
 
-    pub fn thaw(&self, frozen: Frozen) {
-        let mut set = self.frozen.lock().expect("frozen lock");
-        for ino in &frozen.inodes {
-            set.remove(ino);
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        match self.loc(ino)? {
+            Loc::At(dir, name) => Ok(rfs::readlinkat(&*dir, OsStr::from_bytes(&name), Vec::new())
+                .map_err(os)?
+                .into_bytes()),
+            _ => Err(FsError::InvalidArgument),
         }
     }
 
-    /// Deletes a sealed workspace, if `staging/NAME` is still the directory that was
-    /// frozen (it cannot have been renamed or replaced meanwhile: it is frozen), and
-    /// thaws its inode numbers.
-    pub fn remove_sealed(&self, frozen: Frozen) -> std::io::Result<()> {
-        let name = OsStr::from_bytes(&frozen.name);
-        let same = |a: &rfs::Stat, b: &rfs::Stat| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino);
-        let result = (|| {
-            let now = beneath::open_dir(&*self.root_fd, name)?;
-            let (now, then) = (rfs::fstat(&now)?, rfs::fstat(&frozen.dir)?);
-            if !same(&now, &then) {
-                return Err(std::io::Error::other(
-                    "the workspace was replaced during the seal",
-                ));
-            }
-            beneath::remove_at(&*self.root_fd, name)
-        })();
-        self.thaw(frozen);
-        result
+    fn opendir(&self, ino: u64) -> Result<(), FsError> {
+        self.fd(ino).map(drop)
     }
-}
 
-/// Calls `add` with the inode number of `dir` and of everything below it, entering
-/// directories through descriptors only, one at a time (see [`beneath::Descent`]):
-/// a tree of any depth is walked without exhausting the stack or the open files.
-fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
-    add(rfs::fstat(dir).map_err(os)?.st_ino);
-    let top = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
-    let mut walk = beneath::Descent::new(top);
-    // Per level, the subdirectories still to enter.
-    let mut pending: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut subdirs = list_inodes(walk.dir(), add)?;
-    loop {
-        match subdirs.pop() {
-            Some(name) => {
-                walk.enter(OsStr::from_bytes(&name)).map_err(FsError::Os)?;
-                pending.push(std::mem::take(&mut subdirs));
-                subdirs = list_inodes(walk.dir(), add)?;
-            }
-            None => match pending.pop() {
-                Some(above) => {
-                    walk.leave().map_err(FsError::Os)?;
-                    subdirs = above;
-                }
-                None => return Ok(()),
-            },
-        }
+    fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        self.list(ino, offset, add)
     }
-}
 
-/// Calls `add` with the inode number of each entry of `dir`; returns the names of its
-/// subdirectories.
-fn list_inodes(
-    dir: std::os::fd::BorrowedFd<'_>,
-    add: &mut dyn FnMut(u64),
-) -> Result<Vec<Vec<u8>>, FsError> {
-    let mut subdirs = Vec::new();
-    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
-    while let Some(entry) = listing.read() {
-        let entry = entry.map_err(os)?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        add(entry.ino());
-        let is_dir = match entry.file_type() {
-            rfs::FileType::Unknown => {
-                beneath::kind_at(dir, OsStr::from_bytes(name)).map_err(FsError::Os)?
-                    == Some(rfs::FileType::Directory)
-            }
-            kind => kind == rfs::FileType::Directory,
-        };
-        if is_dir {
-            subdirs.push(name.to_vec());
-        }
+    fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
+        self.open_file(ino, flags)
     }
-    Ok(subdirs)
+
+    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        self.read_handle(fh, offset, size)
+    }
+
+    fn release(&self, fh: u64) {
+        self.release_handle(fh)
+    }
+
+    fn refusal(&self, _ino: u64) -> FsError {
+        unreachable!("staging takes changes; the router never asks it to refuse one")
+    }
 }

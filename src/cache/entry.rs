@@ -1,0 +1,256 @@
+//! One checkpoint's entry on disk: the layout the cache owns, written through the
+//! indexer's [`ContentSink`], read back and re-checked after a restart.
+//!
+//! ```text
+//! <entry>/index        the archive's Index (postcard), then its xxh3 (8 bytes, LE)
+//! <entry>/pack         small files, concatenated
+//! <entry>/files/<n>    large files, one each (passthrough backing files)
+//! ```
+//!
+//! Every file is 0600 in a 0700 directory. An entry is written in a private
+//! `partial-*` directory ([`PendingEntry`]) that vanishes unless it is finished.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use super::{CacheError, io_err, read_at};
+use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
+use crate::checkpoint::CheckpointId;
+
+fn pack_path(dir: &Path) -> PathBuf {
+    dir.join("pack")
+}
+
+fn own_file_path(dir: &Path, node: u32) -> PathBuf {
+    dir.join("files").join(node.to_string())
+}
+
+/// Creates a new file readable by its owner only: cached checkpoint contents are not
+/// for other users of the machine, whatever their modes in the archive.
+fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Bytes of contents in an entry (pack plus own files).
+pub(super) fn size_on_disk(dir: &Path) -> u64 {
+    let files = fs::read_dir(dir.join("files"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    let own: u64 = files
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
+    own + pack
+}
+
+/// A checkpoint whose every byte was verified, ready to serve.
+pub struct VerifiedCheckpoint {
+    pub id: CheckpointId,
+    pub index: Index,
+    dir: PathBuf,
+    pack: File,
+}
+
+impl VerifiedCheckpoint {
+    /// Reads `len` bytes at `offset` of a packed file starting at `start` in the pack.
+    pub fn read_packed(&self, start: u64, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        read_at(&self.pack, start + offset, len)
+    }
+
+    /// Opens the own file of `node` read-only.
+    pub fn open_own(&self, node: u32) -> io::Result<File> {
+        File::open(own_file_path(&self.dir, node))
+    }
+}
+
+/// A cache entry being written; removed unless finished. The indexer writes file
+/// contents into it as a [`ContentSink`].
+pub struct PendingEntry {
+    dir: Option<PathBuf>,
+    pack: BufWriter<File>,
+    pack_len: u64,
+}
+
+impl PendingEntry {
+    pub(super) fn create(dir: PathBuf) -> Result<Self, CacheError> {
+        DirBuilder::new()
+            .mode(0o700)
+            .create(dir.join("files"))
+            .map_err(io_err(&dir))?;
+        let pack = create_private(&pack_path(&dir)).map_err(io_err(&dir))?;
+        Ok(PendingEntry {
+            dir: Some(dir),
+            pack: BufWriter::with_capacity(1 << 20, pack),
+            pack_len: 0,
+        })
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir
+            .as_deref()
+            .expect("a pending entry has its directory until finished")
+    }
+
+    /// Writes the index and makes the entry `final_dir`, atomically.
+    pub(super) fn finish(
+        mut self,
+        id: &CheckpointId,
+        index: Index,
+        final_dir: &Path,
+    ) -> Result<VerifiedCheckpoint, CacheError> {
+        let dir = self.dir().to_owned();
+        self.pack.flush().map_err(io_err(&dir))?;
+        write_index(&dir, &index)?;
+        fs::rename(&dir, final_dir).map_err(io_err(final_dir))?;
+        self.dir = None;
+        // Served from the index in hand: reading it back would hold two copies.
+        entry_with_index(id, final_dir, index)
+    }
+}
+
+impl ContentSink for PendingEntry {
+    fn pack(&mut self, data: &[u8]) -> io::Result<u64> {
+        let offset = self.pack_len;
+        self.pack.write_all(data)?;
+        self.pack_len += data.len() as u64;
+        Ok(offset)
+    }
+
+    fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>> {
+        let file = create_private(&own_file_path(self.dir(), node))?;
+        Ok(Box::new(BufWriter::with_capacity(256 * 1024, file)))
+    }
+}
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
+    let bytes = postcard::to_stdvec(index).map_err(|e| CacheError::Io {
+        path: dir.join("index"),
+        cause: io::Error::other(e),
+    })?;
+    let tmp = dir.join("index.tmp");
+    let mut file = create_private(&tmp).map_err(io_err(&tmp))?;
+    file.write_all(&bytes)
+        .and_then(|()| file.write_all(&xxh3_64(&bytes).to_le_bytes()))
+        .and_then(|()| file.sync_all())
+        .map_err(io_err(&tmp))?;
+    fs::rename(&tmp, dir.join("index")).map_err(io_err(dir))
+}
+
+fn read_index(dir: &Path) -> Result<Index, CacheError> {
+    let path = dir.join("index");
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    let damaged = |why: &str| CacheError::Io {
+        path: path.clone(),
+        cause: io::Error::new(io::ErrorKind::InvalidData, why.to_owned()),
+    };
+    if bytes.len() < 8 {
+        return Err(damaged("index too short"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if xxh3_64(body).to_le_bytes() != sum {
+        return Err(damaged("index checksum mismatch"));
+    }
+    postcard::from_bytes(body).map_err(|_| damaged("index undecodable"))
+}
+
+fn entry_with_index(
+    id: &CheckpointId,
+    dir: &Path,
+    index: Index,
+) -> Result<VerifiedCheckpoint, CacheError> {
+    let pack_path = pack_path(dir);
+    let pack = File::open(&pack_path).map_err(io_err(&pack_path))?;
+    Ok(VerifiedCheckpoint {
+        id: id.clone(),
+        index,
+        dir: dir.to_owned(),
+        pack,
+    })
+}
+
+/// Opens an entry found on disk, checking every byte against the index first.
+pub(super) fn open_checked(
+    id: &CheckpointId,
+    dir: &Path,
+) -> Result<VerifiedCheckpoint, CacheError> {
+    let checkpoint = entry_with_index(id, dir, read_index(dir)?)?;
+    let damaged = |path: &Path, why: String| CacheError::Io {
+        path: path.to_owned(),
+        cause: io::Error::new(io::ErrorKind::InvalidData, why),
+    };
+    let mut packed = Vec::new();
+    for (node, entry) in checkpoint.index.nodes.iter().enumerate() {
+        if let NodeKind::File {
+            size,
+            location,
+            checksum,
+        } = entry.kind
+        {
+            match location {
+                FileLocation::Packed { offset } => packed.push((offset, size, checksum)),
+                FileLocation::Own => {
+                    let path = own_file_path(dir, node as u32);
+                    let file = File::open(&path).map_err(io_err(&path))?;
+                    let (len, sum) = hash_stream(file).map_err(io_err(&path))?;
+                    if len != size || sum != checksum {
+                        return Err(damaged(
+                            &path,
+                            format!("content differs from the index ({len} bytes)"),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    packed.sort_unstable();
+    let pack_path = pack_path(dir);
+    let mut pack =
+        BufReader::with_capacity(1 << 20, File::open(&pack_path).map_err(io_err(&pack_path))?);
+    for (offset, size, checksum) in packed {
+        pack.seek(SeekFrom::Start(offset))
+            .map_err(io_err(&pack_path))?;
+        let (len, sum) = hash_stream((&mut pack).take(size)).map_err(io_err(&pack_path))?;
+        if len != size || sum != checksum {
+            return Err(damaged(
+                &pack_path,
+                format!("packed file at offset {offset} differs from the index"),
+            ));
+        }
+    }
+    Ok(checkpoint)
+}
+
+fn hash_stream(mut reader: impl Read) -> io::Result<(u64, u64)> {
+    let mut hasher = Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => return Ok((len, hasher.digest())),
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                len += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The checkpoint trees: `MNT/<sha256>/...`, served from verified cache entries.
+//!
+//! Every inode here is a node of one checkpoint's index (node 0 is the checkpoint's
+//! own directory). Nothing is answered from an archive before the loader verified it:
+//! the router makes operations wait for the load ([`super::CheckpointFs::prepare`]),
+//! and [`Loader::checkpoint`] answers EIO with the reason if it failed. Contents
+//! never change, so the kernel may cache entries, attributes and pages for long.
+//! `stat` of a checkpoint's own directory needs only the listing.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::inode::{self, Inode};
+use super::listing::{Catalog, Slot};
+use super::loader::{Load, Loader};
+use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use crate::archive::index::{FileLocation, Node, NodeKind};
+use crate::cache::VerifiedCheckpoint;
+
+/// How long the kernel may keep what it learns of checkpoint contents.
+pub const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Who owns what is shown.
+#[derive(Debug, Clone, Copy)]
+pub struct Owners {
+    /// Show every checkpoint entry as owned by this uid and gid.
+    pub override_: Option<(u32, u32)>,
+    /// The mounting user, who owns each checkpoint's own directory.
+    pub mounting: (u32, u32),
+}
+
+enum Handle {
+    /// The checkpoint is held so that it is not evicted while open.
+    Own {
+        file: File,
+        _pin: Arc<VerifiedCheckpoint>,
+    },
+    Packed {
+        checkpoint: Arc<VerifiedCheckpoint>,
+        start: u64,
+        size: u64,
+    },
+}
+
+pub struct Checkpoints {
+    catalog: Arc<Catalog>,
+    loader: Arc<Loader>,
+    owners: Owners,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+}
+
+pub fn time_from_secs(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+fn entry(attr: Attr) -> Entry {
+    Entry {
+        attr,
+        ttl: IMMUTABLE_TTL,
+    }
+}
+
+impl Checkpoints {
+    pub fn new(catalog: Arc<Catalog>, loader: Arc<Loader>, owners: Owners) -> Self {
+        Checkpoints {
+            catalog,
+            loader,
+            owners,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn slot(&self, index: usize) -> Result<Arc<Slot>, FsError> {
+        self.catalog.slot(index).ok_or(FsError::NotFound)
+    }
+
+    /// The verified contents `ino` belongs to, and its node index.
+    fn node(&self, ino: u64) -> Result<(usize, u32, Arc<VerifiedCheckpoint>), FsError> {
+        let Some(Inode::Node { slot, node }) = Inode::decode(ino) else {
+            return Err(FsError::NotFound);
+        };
+        let checkpoint = self.loader.checkpoint(&*self.slot(slot)?)?;
+        Ok((slot, node, checkpoint))
+    }
+
+    fn node_attr(&self, slot: usize, index: u32, node: &Node) -> Attr {
+        let (kind, size) = match &node.kind {
+            NodeKind::Dir { .. } => (FileKind::Directory, 4096),
+            NodeKind::File { size, .. } => (FileKind::File, *size),
+            NodeKind::Symlink { target } => (FileKind::Symlink, target.len() as u64),
+        };
+        let (uid, gid) = self.owners.override_.unwrap_or((node.uid, node.gid));
+        let time = time_from_secs(node.mtime);
+        Attr {
+            ino: Inode::Node { slot, node: index }.encode(),
+            kind,
+            size,
+            perm: (node.mode & 0o7777) as u16,
+            nlink: node.nlink,
+            uid,
+            gid,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        }
+    }
+
+    /// A checkpoint's own directory, known from the listing alone: `ls -l` of the
+    /// root downloads nothing. Once loaded, it has the archive's link count.
+    fn root_attr(&self, slot: &Slot) -> Attr {
+        let nlink = match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(c) => c.index.node(0).map_or(2, |n| n.nlink),
+            _ => 2,
+        };
+        let time = slot.info.last_modified;
+        let (uid, gid) = self.owners.override_.unwrap_or(self.owners.mounting);
+        Attr {
+            ino: Inode::Node {
+                slot: slot.index,
+                node: 0,
+            }
+            .encode(),
+            kind: FileKind::Directory,
+            size: 4096,
+            perm: 0o555,
+            nlink,
+            uid,
+            gid,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        }
+    }
+}
+
+impl Subtree for Checkpoints {
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Entry, FsError> {
+        let (slot, node, checkpoint) = self.node(parent)?;
+        let dir = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
+        if !matches!(dir.kind, NodeKind::Dir { .. }) {
+            return Err(FsError::NotADirectory);
+        }
+        let child = checkpoint
+            .index
+            .lookup(node, name)
+            .ok_or(FsError::NotFound)?;
+        let child_node = checkpoint.index.node(child).ok_or(FsError::NotFound)?;
+        Ok(entry(self.node_attr(slot, child, child_node)))
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        if let Some(Inode::Node { slot, node: 0 }) = Inode::decode(ino) {
+            let slot = self.slot(slot)?;
+            // Before a load, the listing answers; a failed checkpoint still stats.
+            if !matches!(*slot.load.lock().expect("slot lock"), Load::Loaded(_)) {
+                return Ok(entry(self.root_attr(&slot)));
+            }
+        }
+        let (slot, node, checkpoint) = self.node(ino)?;
+        if node == 0 {
+            return Ok(entry(self.root_attr(&*self.slot(slot)?)));
+        }
+        let found = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
+        Ok(entry(self.node_attr(slot, node, found)))
+    }
+
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        let (_, node, checkpoint) = self.node(ino)?;
+        match &checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind {
+            NodeKind::Symlink { target } => Ok(target.clone()),
+            _ => Err(FsError::NotASymlink),
+        }
+    }
+
+    /// Opening a checkpoint's directory is what verifies it: a bad checkpoint
+    /// answers EIO.
+    fn opendir(&self, ino: u64) -> Result<(), FsError> {
+        let (_, node, checkpoint) = self.node(ino)?;
+        match checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind {
+            NodeKind::Dir { .. } => Ok(()),
+            _ => Err(FsError::NotADirectory),
+        }
+    }
+
+    fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let (slot, node, checkpoint) = self.node(ino)?;
+        let NodeKind::Dir { children } =
+            &checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind
+        else {
+            return Err(FsError::NotADirectory);
+        };
+        let parent = if node == 0 { inode::ROOT } else { ino };
+        let dots = [(ino, &b"."[..]), (parent, &b".."[..])];
+        for i in offset as usize..children.len() + 2 {
+            let entry = if i < 2 {
+                DirEntry {
+                    ino: dots[i].0,
+                    kind: FileKind::Directory,
+                    name: dots[i].1.to_vec(),
+                }
+            } else {
+                let (name, child) = &children[i - 2];
+                let child_node = checkpoint.index.node(*child).ok_or(FsError::NotFound)?;
+                DirEntry {
+                    ino: Inode::Node { slot, node: *child }.encode(),
+                    kind: self.node_attr(slot, *child, child_node).kind,
+                    name: name.clone(),
+                }
+            };
+            if add(&entry, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return Err(FsError::ReadOnly);
+        }
+        let (_, node, checkpoint) = self.node(ino)?;
+        let NodeKind::File { size, location, .. } =
+            checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind
+        else {
+            return Err(FsError::IsADirectory);
+        };
+        let (handle, backing) = match location {
+            FileLocation::Own => {
+                let file = checkpoint.open_own(node).map_err(FsError::Io)?;
+                let backing = file.try_clone().map_err(FsError::Io)?;
+                let handle = Handle::Own {
+                    file,
+                    _pin: checkpoint,
+                };
+                (handle, Some(backing))
+            }
+            FileLocation::Packed { offset } => (
+                Handle::Packed {
+                    checkpoint,
+                    start: offset,
+                    size,
+                },
+                None,
+            ),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .expect("handles lock")
+            .insert(fh, Arc::new(handle));
+        Ok(Opened {
+            fh,
+            backing,
+            keep_cache: true,
+            direct_io: false,
+        })
+    }
+
+    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
+        match handle.as_deref().ok_or(FsError::BadHandle)? {
+            Handle::Own { file, .. } => {
+                crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
+            }
+            Handle::Packed {
+                checkpoint,
+                start,
+                size: file_size,
+            } => {
+                let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+                checkpoint
+                    .read_packed(*start, offset, len)
+                    .map_err(FsError::Io)
+            }
+        }
+    }
+
+    fn release(&self, fh: u64) {
+        self.handles.lock().expect("handles lock").remove(&fh);
+    }
+
+    fn refusal(&self, _ino: u64) -> FsError {
+        FsError::ReadOnly
+    }
+}

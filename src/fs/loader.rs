@@ -1,0 +1,310 @@
+//! The loader: brings checkpoints from the store into the cache, verified, with a
+//! fixed pool of worker threads, and keeps the cache within its bound.
+//!
+//! [`Loader::when_loaded`] is the one entry point: an operation that needs a
+//! checkpoint's contents hands its continuation to it, and the continuation runs once
+//! the checkpoint is loaded or has failed (on a worker thread, never on a FUSE request
+//! thread while a download runs). Concurrent first accesses share one load; first
+//! accesses beyond the pool's size wait in a queue, in order. Threads are bounded by
+//! the pool (each load also uses one download thread while it runs), not by the
+//! number of checkpoints.
+//!
+//! A load that fails because the transfer broke (a cut connection, a server error)
+//! is tried again after a short, bounded backoff; a checkpoint that does not verify
+//! fails at once. A failure is remembered for [`FAILURE_REUSE`], so that one `ls`
+//! does not download a bad object once per system call; a later access tries again.
+//!
+//! Eviction runs after each load, outside every lock of the filesystem: an entry is
+//! evicted only if its slot lets go of it (no open file or reader holds it), and is
+//! deleted from disk after every lock is released.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use super::FsError;
+use super::listing::{Catalog, Slot};
+use crate::archive::Limits;
+use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
+use crate::checkpoint::{CheckpointId, VerifyFailure};
+use crate::store::ObjectStore;
+
+/// A failed verification is reported as is to accesses within this time.
+pub const FAILURE_REUSE: Duration = Duration::from_secs(1);
+/// Pauses before the second and third attempt of a load whose transfer broke.
+const RETRY_BACKOFF: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
+
+pub type Waiter = Box<dyn FnOnce() + Send>;
+
+pub enum Load {
+    Unloaded,
+    /// Queued or running, with the continuations waiting for it.
+    Loading(Vec<Waiter>),
+    Loaded(Arc<VerifiedCheckpoint>),
+    Failed {
+        reason: String,
+        at: Instant,
+    },
+}
+
+impl Load {
+    /// What `.status` says of it.
+    pub fn describe(&self) -> String {
+        match self {
+            Load::Unloaded => "listed".to_owned(),
+            Load::Loading(_) => "verifying".to_owned(),
+            Load::Loaded(_) => "verified".to_owned(),
+            Load::Failed { reason, .. } => format!("FAILED: {reason}"),
+        }
+    }
+}
+
+/// The default number of loaders: each one keeps about two cores busy (download and
+/// hashing, decompression and indexing), and at least two let a small checkpoint be
+/// served while a large one loads.
+pub fn default_loaders() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 2).clamp(2, 16)
+}
+
+pub struct LoaderConfig {
+    pub workers: usize,
+    pub max_archive_size: u64,
+    pub limits: Limits,
+}
+
+struct Shared {
+    store: Arc<dyn ObjectStore>,
+    cache: Arc<Cache>,
+    catalog: Arc<Catalog>,
+    max_archive_size: u64,
+    limits: Limits,
+    queue: Mutex<VecDeque<Arc<Slot>>>,
+    queued: Condvar,
+    stop: AtomicBool,
+}
+
+pub struct Loader {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Loader {
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        cache: Arc<Cache>,
+        catalog: Arc<Catalog>,
+        config: LoaderConfig,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            store,
+            cache,
+            catalog,
+            max_archive_size: config.max_archive_size,
+            limits: config.limits,
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let workers = (0..config.workers.max(1))
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("ckptfs-loader-{i}"))
+                    .spawn(move || shared.work())
+                    .expect("spawning a loader thread")
+            })
+            .collect();
+        Loader { shared, workers }
+    }
+
+    /// Whether an operation on `slot`'s contents must wait for a load.
+    pub fn must_wait(&self, slot: &Slot) -> bool {
+        match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(_) => false,
+            Load::Failed { at, .. } => at.elapsed() >= FAILURE_REUSE,
+            Load::Unloaded | Load::Loading(_) => true,
+        }
+    }
+
+    /// Runs `waiter` once `slot` is loaded or has failed to load: at once if it is,
+    /// else after the load it joins or queues.
+    pub fn when_loaded(&self, slot: &Arc<Slot>, waiter: Waiter) {
+        let mut load = slot.load.lock().expect("slot lock");
+        match &mut *load {
+            Load::Loaded(_) => {
+                drop(load);
+                waiter();
+            }
+            Load::Failed { at, .. } if at.elapsed() < FAILURE_REUSE => {
+                drop(load);
+                waiter();
+            }
+            Load::Loading(waiters) => waiters.push(waiter),
+            Load::Unloaded | Load::Failed { .. } => {
+                *load = Load::Loading(vec![waiter]);
+                drop(load);
+                self.shared
+                    .queue
+                    .lock()
+                    .expect("loader queue")
+                    .push_back(Arc::clone(slot));
+                self.shared.queued.notify_one();
+            }
+        }
+    }
+
+    /// The verified contents of `slot`, or why they cannot be served.
+    pub fn checkpoint(&self, slot: &Slot) -> Result<Arc<VerifiedCheckpoint>, FsError> {
+        let found = match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(c) => Ok(Arc::clone(c)),
+            Load::Failed { reason, .. } => Err(reason.clone()),
+            Load::Unloaded | Load::Loading(_) => {
+                Err("not verified yet (evicted while in use); try again".to_owned())
+            }
+        };
+        match found {
+            Ok(checkpoint) => {
+                self.shared.cache.promote(&checkpoint.id);
+                Ok(checkpoint)
+            }
+            Err(reason) => Err(FsError::Unverified {
+                id: slot.info.id.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Makes `verified` (indexed by a seal from the bytes it stored) what `slot`
+    /// serves, unless a load of it is running.
+    pub fn adopt(&self, slot: &Slot, verified: Arc<VerifiedCheckpoint>) {
+        let mut load = slot.load.lock().expect("slot lock");
+        if !matches!(*load, Load::Loading(_)) {
+            *load = Load::Loaded(verified);
+        }
+        drop(load);
+        self.shared.evict(&slot.info.id);
+    }
+
+    /// How many loads are waiting for a worker.
+    pub fn queued(&self) -> usize {
+        self.shared.queue.lock().expect("loader queue").len()
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.queued.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Shared {
+    fn work(&self) {
+        loop {
+            let slot = {
+                let mut queue = self.queue.lock().expect("loader queue");
+                loop {
+                    if self.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if let Some(slot) = queue.pop_front() {
+                        break slot;
+                    }
+                    queue = self.queued.wait(queue).expect("loader queue");
+                }
+            };
+            self.load(&slot);
+        }
+    }
+
+    fn load(&self, slot: &Slot) {
+        let started = Instant::now();
+        let id = &slot.info.id;
+        let mut attempt = 0;
+        let result = loop {
+            let mtime = slot
+                .info
+                .last_modified
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let result = self.cache.load(
+                self.store.as_ref(),
+                id,
+                self.max_archive_size,
+                self.limits,
+                mtime,
+            );
+            match result {
+                Err(e) if is_transient(&e) && attempt < RETRY_BACKOFF.len() => {
+                    tracing::warn!(checkpoint = %id, error = %e, "loading failed; trying again");
+                    std::thread::sleep(RETRY_BACKOFF[attempt]);
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        };
+        let new = match result {
+            Ok(checkpoint) => {
+                tracing::info!(checkpoint = %id, elapsed = ?started.elapsed(), "checkpoint verified");
+                Load::Loaded(checkpoint)
+            }
+            Err(e) => {
+                tracing::warn!(checkpoint = %id, error = %e, "checkpoint failed verification");
+                Load::Failed {
+                    reason: e.to_string(),
+                    at: Instant::now(),
+                }
+            }
+        };
+        let waiters = match std::mem::replace(&mut *slot.load.lock().expect("slot lock"), new) {
+            Load::Loading(waiters) => waiters,
+            _ => Vec::new(),
+        };
+        self.evict(id);
+        for waiter in waiters {
+            waiter();
+        }
+    }
+
+    /// Keeps the cache within its bound. `keep` (the checkpoint just loaded) stays: a
+    /// checkpoint larger than the whole cache is still served, and evicted when the
+    /// next one comes.
+    fn evict(&self, keep: &CheckpointId) {
+        let trash = self.cache.evict(|id| {
+            if id == keep {
+                return false;
+            }
+            let Some(slot) = self.catalog.slot_of(id) else {
+                return true;
+            };
+            let mut load = slot.load.lock().expect("slot lock");
+            match &*load {
+                // Held by the slot alone: no open file, no reader.
+                Load::Loaded(c) if Arc::strong_count(c) == 1 => {
+                    *load = Load::Unloaded;
+                    true
+                }
+                Load::Loaded(_) | Load::Loading(_) => false,
+                Load::Unloaded | Load::Failed { .. } => true,
+            }
+        });
+        trash.empty();
+    }
+}
+
+/// Whether a load failed on the way (worth another try) rather than on what the
+/// store holds: a transfer cut short, a connection or server error.
+fn is_transient(error: &CacheError) -> bool {
+    match error {
+        CacheError::Verify(VerifyFailure::Truncated { .. }) => true,
+        CacheError::Verify(_) | CacheError::Archive(_) => false,
+        CacheError::Checkpoint(_) => true,
+        CacheError::Io { .. } => false,
+    }
+}

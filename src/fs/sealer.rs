@@ -1,0 +1,239 @@
+//! Sealing a staged workspace into a checkpoint with one rename, and `commit/`.
+//!
+//! `rename(staging/NAME, commit/NAME)` (what `mv staging/NAME commit/` does) freezes
+//! NAME, writes it with the same archive writer as `ckptfs put`, stores it with the
+//! same put path (a stored object of that name counts only once verified), indexes
+//! the very bytes that were hashed into the cache (so the new checkpoint is browsable
+//! without a download), and only then answers. `commit/NAME` becomes a symlink to
+//! `../<sha256>` and the staged copy is deleted: only once the store holds a good
+//! object, so no seal loses a workspace.
+//!
+//! On any failure the rename fails (`EFBIG` over the archive limit, `EIO` on a store
+//! error, `EBUSY` while files in NAME are open for writing), NAME is thawed exactly as
+//! it was, and the store's put guarantees leave no partial object behind. The work
+//! runs on a thread of its own, one per seal in progress (the kernel's rename lock
+//! lets one seal run per mount at a time); FUSE request threads keep answering.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use super::listing::Catalog;
+use super::loader::Loader;
+use super::{FsError, StagingTree};
+use crate::archive::index;
+use crate::archive::{ArchiveError, Limits};
+use crate::cache::Cache;
+use crate::checkpoint::{
+    self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, StoreOutcome,
+};
+use crate::pipe::pipe;
+use crate::store::ObjectStore;
+
+/// How many finished seals `.status` remembers.
+const OUTCOMES_KEPT: usize = 100;
+
+pub type SealDone = Box<dyn FnOnce(Result<(), FsError>) + Send>;
+
+pub struct SealerConfig {
+    pub max_archive_size: u64,
+    pub limits: Limits,
+    /// Where sealed workspaces are archived before upload.
+    pub work_dir: PathBuf,
+    /// Compression threads.
+    pub threads: usize,
+}
+
+#[derive(Default)]
+struct Seals {
+    /// Workspaces sealed by this mount, in order; `commit/` lists them.
+    sealed: Vec<(Vec<u8>, CheckpointId)>,
+    in_progress: Vec<Vec<u8>>,
+    /// Recent outcomes, for `.status`.
+    outcomes: Vec<String>,
+}
+
+/// What `.status` shows of the seals.
+pub struct SealsReport {
+    pub in_progress: Vec<Vec<u8>>,
+    pub outcomes: Vec<String>,
+}
+
+pub struct Sealer {
+    staging: Arc<StagingTree>,
+    store: Arc<dyn ObjectStore>,
+    cache: Arc<Cache>,
+    catalog: Arc<Catalog>,
+    loader: Arc<Loader>,
+    config: SealerConfig,
+    seals: Mutex<Seals>,
+}
+
+fn seal_error(e: CheckpointError) -> FsError {
+    match e {
+        CheckpointError::Archive(ArchiveError::TooLarge { limit }) => FsError::TooLarge(format!(
+            "the workspace's archive is larger than the limit of {limit} bytes"
+        )),
+        other => FsError::Store(other.to_string()),
+    }
+}
+
+impl Sealer {
+    pub fn new(
+        staging: Arc<StagingTree>,
+        store: Arc<dyn ObjectStore>,
+        cache: Arc<Cache>,
+        catalog: Arc<Catalog>,
+        loader: Arc<Loader>,
+        config: SealerConfig,
+    ) -> Self {
+        Sealer {
+            staging,
+            store,
+            cache,
+            catalog,
+            loader,
+            config,
+            seals: Mutex::new(Seals::default()),
+        }
+    }
+
+    /// `commit/NAME`'s position, if NAME was sealed by this mount.
+    pub fn committed(&self, name: &[u8]) -> Option<usize> {
+        let seals = self.seals.lock().expect("seals lock");
+        seals.sealed.iter().position(|(n, _)| n == name)
+    }
+
+    /// The checkpoint `commit/` entry `index` links to.
+    pub fn sealed(&self, index: usize) -> Option<CheckpointId> {
+        let seals = self.seals.lock().expect("seals lock");
+        seals.sealed.get(index).map(|(_, id)| id.clone())
+    }
+
+    /// The names in `commit/`, in order.
+    pub fn names(&self) -> Vec<Vec<u8>> {
+        let seals = self.seals.lock().expect("seals lock");
+        seals.sealed.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    pub fn report(&self) -> SealsReport {
+        let seals = self.seals.lock().expect("seals lock");
+        SealsReport {
+            in_progress: seals.in_progress.clone(),
+            outcomes: seals.outcomes.clone(),
+        }
+    }
+
+    /// Seals `staging/name` as the checkpoint `commit/commit_name` links to; `done`
+    /// gets the outcome.
+    pub fn seal(self: &Arc<Self>, name: Vec<u8>, commit_name: Vec<u8>, done: SealDone) {
+        {
+            let mut seals = self.seals.lock().expect("seals lock");
+            let taken = seals.sealed.iter().any(|(n, _)| n == &commit_name)
+                || seals.in_progress.contains(&commit_name);
+            if taken {
+                drop(seals);
+                return done(Err(FsError::Exists));
+            }
+            seals.in_progress.push(commit_name.clone());
+        }
+        let sealer = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("ckptfs-seal".into())
+            .spawn(move || {
+                let result = sealer.seal_now(&name);
+                sealer.finished(&commit_name, &result);
+                done(result.map(drop));
+            })
+            .expect("spawning a seal thread");
+    }
+
+    fn finished(&self, commit_name: &[u8], result: &Result<(CheckpointId, StoreOutcome), FsError>) {
+        let shown = String::from_utf8_lossy(commit_name);
+        let mut seals = self.seals.lock().expect("seals lock");
+        seals.in_progress.retain(|n| n != commit_name);
+        let outcome = match result {
+            Ok((id, how)) => {
+                seals.sealed.push((commit_name.to_vec(), id.clone()));
+                tracing::info!(workspace = %shown, checkpoint = %id, %how, "sealed");
+                format!("{shown}: sealed as {id} ({how})")
+            }
+            Err(e) => {
+                tracing::warn!(workspace = %shown, error = %e, "seal failed; the workspace is unchanged");
+                format!("{shown}: FAILED: {e}")
+            }
+        };
+        seals.outcomes.push(outcome);
+        if seals.outcomes.len() > OUTCOMES_KEPT {
+            seals.outcomes.remove(0);
+        }
+    }
+
+    fn seal_now(&self, name: &[u8]) -> Result<(CheckpointId, StoreOutcome), FsError> {
+        let frozen = self.staging.freeze(name)?;
+        let result = self.seal_frozen(frozen.dir.as_fd());
+        if result.is_ok() {
+            if let Err(e) = self.staging.remove_sealed(frozen) {
+                let shown = String::from_utf8_lossy(name);
+                tracing::warn!(workspace = %shown, error = %e, "could not delete the sealed workspace's staged copy");
+            }
+        } else {
+            self.staging.thaw(frozen);
+        }
+        result
+    }
+
+    fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<(CheckpointId, StoreOutcome), FsError> {
+        let options = PutOptions {
+            max_archive_size: self.config.max_archive_size,
+            temp_dir: &self.config.work_dir,
+            threads: self.config.threads,
+        };
+        // The uncompressed tar stream is indexed into the cache on a second thread as
+        // it is written: the new checkpoint is then served from the very bytes that
+        // were compressed and hashed, with no download and no second decompression.
+        let pending = self.cache.begin().ok();
+        let (mut tar_copy, tar_stream) = pipe(8);
+        let now = SystemTime::now();
+        let mtime = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let indexer = pending.map(|mut pending| {
+            let limits = self.config.limits;
+            std::thread::spawn(move || {
+                let built = index::build(tar_stream, &mut pending, limits, mtime);
+                (pending, built)
+            })
+        });
+        let written = checkpoint::write_archive_file(dir, &options, &mut tar_copy);
+        drop(tar_copy);
+        let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
+        let (archive, written) = written.map_err(seal_error)?;
+        let report =
+            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {})
+                .map_err(seal_error)?;
+        let info = CheckpointInfo {
+            id: report.id.clone(),
+            size: report.size,
+            last_modified: now,
+        };
+        // The checkpoint is stored: from here on a failure only costs a download later.
+        let slot = self.catalog.add(info);
+        let verified = match indexed {
+            Some((pending, Ok(index))) => self
+                .cache
+                .finish(pending, &report.id, index)
+                .map_err(|e| e.to_string()),
+            Some((_, Err(e))) => Err(e.to_string()),
+            None => Err("no cache entry could be started".into()),
+        };
+        match verified {
+            Ok(verified) => self.loader.adopt(&slot, verified),
+            Err(e) => {
+                tracing::warn!(checkpoint = %report.id, error = %e, "could not index the sealed archive; it will be downloaded on access");
+            }
+        }
+        Ok((report.id, report.outcome))
+    }
+}

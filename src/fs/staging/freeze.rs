@@ -1,0 +1,137 @@
+//! Freezing a workspace for a seal, and deleting it once sealed.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fs as rfs;
+
+use super::{Handle, StagingTree, os};
+use crate::beneath;
+use crate::fs::FsError;
+
+/// A workspace frozen for sealing: its directory, opened when it was frozen, and
+/// every inode in it.
+pub struct Frozen {
+    pub name: Vec<u8>,
+    pub dir: OwnedFd,
+    inodes: Vec<u64>,
+}
+
+impl StagingTree {
+    /// Freezes the workspace `name` for sealing: fails if it is not a directory or if
+    /// any of its files is open for writing. Holds the gate for writing throughout, so
+    /// that the set of frozen inodes is the whole workspace at one instant.
+    pub fn freeze(&self, name: &[u8]) -> Result<Frozen, FsError> {
+        let _gate = self.gate.write().expect("staging gate");
+        let dir =
+            beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
+                match e.raw_os_error() {
+                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotADirectory,
+                    _ => FsError::Os(e),
+                }
+            })?;
+        let mut inodes = Vec::new();
+        for_each_inode(&dir, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
+        let handles = self.handles.lock().expect("handles lock");
+        let mut frozen = self.frozen.lock().expect("frozen lock");
+        let set: HashSet<u64> = inodes.iter().copied().collect();
+        let busy = handles
+            .values()
+            .any(|h| matches!(**h, Handle { ino, writable: true, .. } if set.contains(&ino)));
+        if busy || inodes.iter().any(|i| frozen.contains(i)) {
+            return Err(FsError::Busy);
+        }
+        frozen.extend(inodes.iter().copied());
+        Ok(Frozen {
+            name: name.to_vec(),
+            dir,
+            inodes,
+        })
+    }
+
+    pub fn thaw(&self, frozen: Frozen) {
+        let mut set = self.frozen.lock().expect("frozen lock");
+        for ino in &frozen.inodes {
+            set.remove(ino);
+        }
+    }
+
+    /// Deletes a sealed workspace, if `staging/NAME` is still the directory that was
+    /// frozen (it cannot have been renamed or replaced meanwhile: it is frozen), and
+    /// thaws its inode numbers.
+    pub fn remove_sealed(&self, frozen: Frozen) -> std::io::Result<()> {
+        let name = OsStr::from_bytes(&frozen.name);
+        let same = |a: &rfs::Stat, b: &rfs::Stat| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino);
+        let result = (|| {
+            let now = beneath::open_dir(&*self.root_fd, name)?;
+            let (now, then) = (rfs::fstat(&now)?, rfs::fstat(&frozen.dir)?);
+            if !same(&now, &then) {
+                return Err(std::io::Error::other(
+                    "the workspace was replaced during the seal",
+                ));
+            }
+            beneath::remove_at(&*self.root_fd, name)
+        })();
+        self.thaw(frozen);
+        result
+    }
+}
+
+/// Calls `add` with the inode number of `dir` and of everything below it, entering
+/// directories through descriptors only, one at a time (see [`beneath::Descent`]):
+/// a tree of any depth is walked without exhausting the stack or the open files.
+fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
+    add(rfs::fstat(dir).map_err(os)?.st_ino);
+    let top = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
+    let mut walk = beneath::Descent::new(top);
+    // Per level, the subdirectories still to enter.
+    let mut pending: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut subdirs = list_inodes(walk.dir(), add)?;
+    loop {
+        match subdirs.pop() {
+            Some(name) => {
+                walk.enter(OsStr::from_bytes(&name)).map_err(FsError::Os)?;
+                pending.push(std::mem::take(&mut subdirs));
+                subdirs = list_inodes(walk.dir(), add)?;
+            }
+            None => match pending.pop() {
+                Some(above) => {
+                    walk.leave().map_err(FsError::Os)?;
+                    subdirs = above;
+                }
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Calls `add` with the inode number of each entry of `dir`; returns the names of its
+/// subdirectories.
+fn list_inodes(
+    dir: std::os::fd::BorrowedFd<'_>,
+    add: &mut dyn FnMut(u64),
+) -> Result<Vec<Vec<u8>>, FsError> {
+    let mut subdirs = Vec::new();
+    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
+    while let Some(entry) = listing.read() {
+        let entry = entry.map_err(os)?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        add(entry.ino());
+        let is_dir = match entry.file_type() {
+            rfs::FileType::Unknown => {
+                beneath::kind_at(dir, OsStr::from_bytes(name)).map_err(FsError::Os)?
+                    == Some(rfs::FileType::Directory)
+            }
+            kind => kind == rfs::FileType::Directory,
+        };
+        if is_dir {
+            subdirs.push(name.to_vec());
+        }
+    }
+    Ok(subdirs)
+}

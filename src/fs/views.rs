@@ -1,0 +1,303 @@
+//! The virtual tree built from the listing and the seals: the root (one directory
+//! per checkpoint), `by-time/`, `latest`, `commit/`, and `.status`.
+//!
+//! Nothing here downloads: everything is answered from the current listing snapshot
+//! and the sealer's records. `.status` is rendered when it is opened (its size for
+//! `stat` too), without holding any lock that other operations wait on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use super::checkpoints::{Checkpoints, IMMUTABLE_TTL};
+use super::inode::{self, HANDLE_VIEW_BIT, Inode};
+use super::listing::{Catalog, Listing, Slot};
+use super::loader::Loader;
+use super::sealer::Sealer;
+use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, StagingTree, Subtree};
+use crate::cache::Cache;
+
+/// Names in the root and `by-time/` follow the listing: cached for a second, so that
+/// a checkpoint deleted from the store vanishes with the next listing.
+pub const LISTING_TTL: Duration = Duration::from_secs(1);
+/// `commit/NAME` turns from a directory into a symlink under the kernel's feet when
+/// a seal ends: never cached.
+pub const UNCACHED: Duration = Duration::ZERO;
+
+pub struct Views {
+    catalog: Arc<Catalog>,
+    checkpoints: Arc<Checkpoints>,
+    staging: Arc<StagingTree>,
+    sealer: Arc<Sealer>,
+    loader: Arc<Loader>,
+    cache: Arc<Cache>,
+    store_name: String,
+    /// The mounting user, who owns the virtual entries.
+    owner: (u32, u32),
+    mounted_at: SystemTime,
+    texts: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+    next_fh: AtomicU64,
+}
+
+impl Views {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        catalog: Arc<Catalog>,
+        checkpoints: Arc<Checkpoints>,
+        staging: Arc<StagingTree>,
+        sealer: Arc<Sealer>,
+        loader: Arc<Loader>,
+        cache: Arc<Cache>,
+        store_name: String,
+        owner: (u32, u32),
+        mounted_at: SystemTime,
+    ) -> Self {
+        Views {
+            catalog,
+            checkpoints,
+            staging,
+            sealer,
+            loader,
+            cache,
+            store_name,
+            owner,
+            mounted_at,
+            texts: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn attr(
+        &self,
+        ino: u64,
+        kind: FileKind,
+        size: u64,
+        perm: u16,
+        nlink: u32,
+        time: SystemTime,
+    ) -> Attr {
+        Attr {
+            ino,
+            kind,
+            size,
+            perm,
+            nlink,
+            uid: self.owner.0,
+            gid: self.owner.1,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        }
+    }
+
+    fn link(&self, ino: u64, target_len: usize, time: SystemTime) -> Attr {
+        self.attr(ino, FileKind::Symlink, target_len as u64, 0o777, 1, time)
+    }
+
+    /// The text of `.status` now.
+    pub fn status_text(&self) -> Vec<u8> {
+        super::status::render(
+            &self.store_name,
+            &self.catalog.snapshot(),
+            self.cache.stats(),
+            &self.sealer.report(),
+            self.loader.queued(),
+        )
+    }
+
+    fn listed(&self, listing: &Listing, slot: usize) -> Result<Arc<Slot>, FsError> {
+        listing
+            .order
+            .iter()
+            .find(|s| s.index == slot)
+            .cloned()
+            .or_else(|| self.catalog.slot(slot))
+            .ok_or(FsError::NotFound)
+    }
+}
+
+impl Subtree for Views {
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Entry, FsError> {
+        let listing = self.catalog.snapshot();
+        let (ino, ttl) = match Inode::decode(parent).ok_or(FsError::NotFound)? {
+            Inode::Root => (listing.root_child(name), LISTING_TTL),
+            Inode::ByTime => (listing.by_time_child(name), LISTING_TTL),
+            Inode::Commit => {
+                let index = self.sealer.committed(name);
+                (
+                    index.map(|index| Inode::CommitLink { index }.encode()),
+                    UNCACHED,
+                )
+            }
+            _ => return Err(FsError::NotADirectory),
+        };
+        let ino = ino.ok_or(FsError::NotFound)?;
+        let attr = match Inode::decode(ino) {
+            // The root's children that are not virtual (checkpoints, staging/).
+            Some(Inode::Node { .. }) => self.checkpoints.getattr(ino)?.attr,
+            Some(Inode::Staging) => self.staging.attr_of(ino)?,
+            _ => self.getattr(ino)?.attr,
+        };
+        Ok(Entry { attr, ttl })
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        let listing = self.catalog.snapshot();
+        let changed = listing.changed_at;
+        let (attr, ttl) = match Inode::decode(ino).ok_or(FsError::NotFound)? {
+            Inode::Root => {
+                let nlink = 2 + listing.order.len() as u32 + 3;
+                (
+                    self.attr(ino, FileKind::Directory, 4096, 0o755, nlink, changed),
+                    LISTING_TTL,
+                )
+            }
+            Inode::ByTime => (
+                self.attr(ino, FileKind::Directory, 4096, 0o555, 2, changed),
+                LISTING_TTL,
+            ),
+            Inode::Commit => (
+                self.attr(ino, FileKind::Directory, 4096, 0o755, 2, self.mounted_at),
+                LISTING_TTL,
+            ),
+            Inode::Latest => {
+                let newest = listing.newest().ok_or(FsError::NotFound)?;
+                (self.link(ino, 64, newest.info.last_modified), LISTING_TTL)
+            }
+            Inode::Status => {
+                let time = listing.listed_at.unwrap_or(self.mounted_at);
+                let size = self.status_text().len() as u64;
+                (
+                    self.attr(ino, FileKind::File, size, 0o444, 1, time),
+                    LISTING_TTL,
+                )
+            }
+            Inode::ByTimeLink { slot } => {
+                let slot = self.listed(&listing, slot)?;
+                (
+                    self.link(ino, 3 + 64, slot.info.last_modified),
+                    IMMUTABLE_TTL,
+                )
+            }
+            Inode::CommitLink { index } => {
+                self.sealer.sealed(index).ok_or(FsError::NotFound)?;
+                (self.link(ino, 3 + 64, self.mounted_at), UNCACHED)
+            }
+            _ => return Err(FsError::NotFound),
+        };
+        Ok(Entry { attr, ttl })
+    }
+
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        let listing = self.catalog.snapshot();
+        match Inode::decode(ino).ok_or(FsError::NotFound)? {
+            Inode::CommitLink { index } => {
+                let id = self.sealer.sealed(index).ok_or(FsError::NotFound)?;
+                Ok(format!("../{id}").into_bytes())
+            }
+            Inode::Latest => {
+                let newest = listing.newest().ok_or(FsError::NotFound)?;
+                Ok(newest.info.id.as_str().as_bytes().to_vec())
+            }
+            Inode::ByTimeLink { slot } => {
+                let slot = self.listed(&listing, slot)?;
+                Ok(format!("../{}", slot.info.id).into_bytes())
+            }
+            _ => Err(FsError::NotASymlink),
+        }
+    }
+
+    fn opendir(&self, ino: u64) -> Result<(), FsError> {
+        match Inode::decode(ino) {
+            Some(Inode::Root | Inode::ByTime | Inode::Commit) => Ok(()),
+            Some(_) => Err(FsError::NotADirectory),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let listing = self.catalog.snapshot();
+        let commit;
+        let entries: &[DirEntry] = match Inode::decode(ino).ok_or(FsError::NotFound)? {
+            Inode::Root => &listing.root,
+            Inode::ByTime => &listing.by_time,
+            Inode::Commit => {
+                let mut entries = vec![
+                    DirEntry {
+                        ino,
+                        kind: FileKind::Directory,
+                        name: b".".to_vec(),
+                    },
+                    DirEntry {
+                        ino: inode::ROOT,
+                        kind: FileKind::Directory,
+                        name: b"..".to_vec(),
+                    },
+                ];
+                for (index, name) in self.sealer.names().into_iter().enumerate() {
+                    entries.push(DirEntry {
+                        ino: Inode::CommitLink { index }.encode(),
+                        kind: FileKind::Symlink,
+                        name,
+                    });
+                }
+                commit = entries;
+                &commit
+            }
+            _ => return Err(FsError::NotADirectory),
+        };
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            if add(entry, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return Err(self.refusal(ino));
+        }
+        if Inode::decode(ino) != Some(Inode::Status) {
+            return Err(FsError::IsADirectory);
+        }
+        let fh = HANDLE_VIEW_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let text = Arc::new(self.status_text());
+        self.texts.lock().expect("texts lock").insert(fh, text);
+        // Its size is not known in advance: bypass the page cache.
+        Ok(Opened {
+            fh,
+            backing: None,
+            keep_cache: false,
+            direct_io: true,
+        })
+    }
+
+    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let text = self.texts.lock().expect("texts lock").get(&fh).cloned();
+        let text = text.ok_or(FsError::BadHandle)?;
+        let start = (offset as usize).min(text.len());
+        let end = (start + size as usize).min(text.len());
+        Ok(text[start..end].to_vec())
+    }
+
+    fn release(&self, fh: u64) {
+        self.texts.lock().expect("texts lock").remove(&fh);
+    }
+
+    /// `commit/` only changes through seals; everything else here is read-only.
+    fn refusal(&self, ino: u64) -> FsError {
+        match Inode::decode(ino) {
+            Some(Inode::Commit | Inode::CommitLink { .. }) => {
+                FsError::NotPermitted("commit/ only takes `mv staging/NAME commit/`")
+            }
+            _ => FsError::ReadOnly,
+        }
+    }
+}
