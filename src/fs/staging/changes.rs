@@ -241,6 +241,10 @@ impl StagingTree {
                 new_name_os,
                 AtFlags::empty(),
             ),
+            // As link(2) answers: an existing new name first, then the kind.
+            Loc::Dir(_) if self.child_ino(&parent_fd, new_name).is_some() => {
+                return Err(FsError::Exists);
+            }
             Loc::Dir(_) => return Err(FsError::NotPermitted("hard links to directories")),
             Loc::Open(_) => return Err(FsError::Stale),
         }

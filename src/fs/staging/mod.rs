@@ -257,7 +257,7 @@ impl StagingTree {
         if ino == inode::STAGING {
             return Ok(Loc::Dir(Arc::clone(&self.root_fd)));
         }
-        let link = match self.known.lock().expect("staging lock").get(&ino) {
+        let links = match self.known.lock().expect("staging lock").get(&ino) {
             Some(Known {
                 place: Place::Dir(fd),
                 ..
@@ -265,11 +265,17 @@ impl StagingTree {
             Some(Known {
                 place: Place::Links(links),
                 ..
-            }) => links.first().cloned(),
+            }) => links.clone(),
             None => return Err(FsError::Stale),
         };
-        if let Some((parent, name)) = link {
-            return Ok(Loc::At(self.fd(parent)?, name));
+        // A name is used only if it still names this very inode: names can go stale
+        // behind this bookkeeping (a sealed workspace is deleted on disk, not through
+        // unlink), and the backing filesystem reuses inode numbers.
+        for (parent, name) in links {
+            let Ok(dir) = self.fd(parent) else { continue };
+            if self.child_ino(&dir, &name) == Some(ino) {
+                return Ok(Loc::At(dir, name));
+            }
         }
         let handles = self.handles.lock().expect("handles lock");
         handles

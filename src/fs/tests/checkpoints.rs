@@ -1,0 +1,153 @@
+//! Checkpoint contents: served only once verified, read-only, as `tar -x` would lay
+//! them out.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+#[test]
+fn contents_are_served_once_verified() {
+    let big = vec![7u8; 200_000];
+    let (f, ids) = fixture(&[&[("a.txt", b"hello"), ("dir/b.txt", b"world"), ("big", &big)]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    assert_eq!(
+        f.fs.lookup(dir, b"a.txt").unwrap_err().errno(),
+        libc::EIO,
+        "not before the load"
+    );
+    wait_loaded(&f.fs, dir);
+    assert_eq!(names(&f.fs, dir), [".", "..", "a.txt", "big", "dir"]);
+    let file = f.fs.lookup(dir, b"a.txt").unwrap();
+    assert_eq!(file.ttl, crate::fs::checkpoints::IMMUTABLE_TTL);
+    assert_eq!(read_all(&f.fs, file.attr.ino), b"hello");
+    let opened = f.fs.open(file.attr.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        opened.keep_cache && opened.backing.is_none(),
+        "small files are packed"
+    );
+    assert_eq!(f.fs.read(opened.fh, 3, 100).unwrap(), b"lo");
+    f.fs.release(opened.fh);
+    let big_file = f.fs.lookup(dir, b"big").unwrap().attr;
+    let opened = f.fs.open(big_file.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        opened.backing.is_some(),
+        "large files have a passthrough backing file"
+    );
+    f.fs.release(opened.fh);
+    assert_eq!(read_all(&f.fs, big_file.ino), big);
+    let sub = f.fs.lookup(dir, b"dir").unwrap().attr;
+    let b = f.fs.lookup(sub.ino, b"b.txt").unwrap().attr;
+    assert_eq!(read_all(&f.fs, b.ino), b"world");
+    assert_eq!(f.faults.gets.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_corrupt_checkpoint_answers_eio_and_says_why() {
+    let (f, ids) = fixture(&[&[("a.txt", b"good")], &[("b.txt", b"bad")]]);
+    let object = f.store_dir.path().join(ids[1].object_name());
+    let mut bytes = std::fs::read(&object).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&object, &bytes).unwrap();
+
+    let bad = checkpoint_dir(&f.fs, &ids[1]);
+    wait_loaded(&f.fs, bad);
+    assert_eq!(f.fs.opendir(bad).unwrap_err().errno(), libc::EIO);
+    assert_eq!(f.fs.lookup(bad, b"b.txt").unwrap_err().errno(), libc::EIO);
+    let text = status(&f.fs);
+    assert!(
+        text.contains("FAILED: Checkpoint checksum mismatch"),
+        "{text}"
+    );
+    // Its own directory still stats (from the listing), and the others are fine.
+    assert_eq!(f.fs.getattr(bad).unwrap().attr.kind, FileKind::Directory);
+    let good = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, good);
+    assert_eq!(names(&f.fs, good), [".", "..", "a.txt"]);
+}
+
+#[test]
+fn every_change_inside_a_checkpoint_is_erofs() {
+    let (f, ids) = fixture(&[&[("a.txt", b"x"), ("d/e", b"y")]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let file = f.fs.lookup(dir, b"a.txt").unwrap().attr.ino;
+    let caller = Caller { uid: 0, gid: 0 };
+    let erofs = |r: Result<(), FsError>| assert_eq!(r.unwrap_err().errno(), libc::EROFS);
+    erofs(f.fs.open(file, libc::O_WRONLY).map(drop));
+    erofs(f.fs.open(file, libc::O_RDONLY | libc::O_TRUNC).map(drop));
+    erofs(f.fs.unlink(dir, b"a.txt"));
+    erofs(f.fs.rmdir(dir, b"d"));
+    erofs(f.fs.mkdir(dir, b"new", 0o755, caller).map(drop));
+    erofs(f.fs.symlink(dir, b"l", b"a.txt", caller).map(drop));
+    erofs(
+        f.fs.create(dir, b"n", 0o644, libc::O_WRONLY, caller)
+            .map(drop),
+    );
+    erofs(
+        f.fs.setattr(
+            file,
+            SetAttr {
+                mode: Some(0o777),
+                ..SetAttr::default()
+            },
+        )
+        .map(drop),
+    );
+    erofs(f.fs.link(file, dir, b"hard").map(drop));
+    let (tx, rx) = mpsc::channel();
+    f.fs.rename(
+        (dir, b"a.txt"),
+        (dir, b"b.txt"),
+        0,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    erofs(rx.recv().unwrap());
+}
+
+#[test]
+fn lookups_and_links_answer_like_a_local_disk() {
+    let (f, ids) = fixture(&[&[("a.txt", b"x")]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let file = f.fs.lookup(dir, b"a.txt").unwrap().attr.ino;
+    assert_eq!(f.fs.lookup(file, b"x").unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(
+        f.fs.lookup(dir, b"missing").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(f.fs.readlink(file).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(
+        f.fs.open(dir, libc::O_RDONLY).unwrap_err().errno(),
+        libc::EISDIR
+    );
+}
+
+#[test]
+fn hard_links_share_one_inode_and_count_their_names() {
+    let store_dir = tempfile::tempdir().unwrap();
+    let tree = tempfile::tempdir().unwrap();
+    std::fs::write(tree.path().join("one"), b"shared").unwrap();
+    std::fs::hard_link(tree.path().join("one"), tree.path().join("two")).unwrap();
+    let store = LocalStore::open(store_dir.path()).unwrap();
+    let options = PutOptions {
+        max_archive_size: u64::MAX,
+        temp_dir: store_dir.path(),
+        threads: 1,
+    };
+    checkpoint::put(&store, tree.path(), &options, &|_, _| {}).unwrap();
+    let (f, _) = fixture(&[]);
+    for entry in std::fs::read_dir(store_dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), f.store_dir.path().join(entry.file_name())).unwrap();
+    }
+    f.fs.refresh().unwrap();
+    let id = f.fs.readlink(inode::LATEST).unwrap();
+    let dir = f.fs.lookup(inode::ROOT, &id).unwrap().attr.ino;
+    wait_loaded(&f.fs, dir);
+    let one = f.fs.lookup(dir, b"one").unwrap().attr;
+    let two = f.fs.lookup(dir, b"two").unwrap().attr;
+    assert_eq!(one.ino, two.ino);
+    assert_eq!(one.nlink, 2);
+    assert_eq!(read_all(&f.fs, two.ino), b"shared");
+}

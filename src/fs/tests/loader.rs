@@ -1,0 +1,152 @@
+//! The loader: one download per checkpoint however many wait for it, a bounded pool,
+//! retries of broken transfers, remembered failures, eviction.
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+#[test]
+fn concurrent_first_accesses_share_one_download() {
+    let (f, ids) = fixture(&[&[("a", b"1")]]);
+    f.faults.get_delay_ms.store(300, Ordering::SeqCst);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..16 {
+        let tx = tx.clone();
+        f.fs.prepare(dir, Reading::Readdir, move |fs| {
+            tx.send(fs.lookup(dir, b"a").map(|e| e.attr.size)).unwrap()
+        });
+    }
+    for _ in 0..16 {
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap(),
+            1
+        );
+    }
+    assert_eq!(f.faults.gets.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn first_accesses_beyond_the_pool_wait_in_order() {
+    let trees: Vec<Vec<(String, Vec<u8>)>> = (0..5)
+        .map(|i| vec![(format!("f{i}"), vec![i as u8])])
+        .collect();
+    let trees: Vec<Vec<(&str, &[u8])>> = trees
+        .iter()
+        .map(|t| t.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect())
+        .collect();
+    let refs: Vec<&[(&str, &[u8])]> = trees.iter().map(|t| t.as_slice()).collect();
+    let (f, ids) = fixture_with(
+        &refs,
+        Options {
+            loaders: 1,
+            ..Options::default()
+        },
+    );
+    f.faults.get_delay_ms.store(200, Ordering::SeqCst);
+    let (tx, rx) = mpsc::channel();
+    for (i, id) in ids.iter().enumerate() {
+        let tx = tx.clone();
+        f.fs.prepare(checkpoint_dir(&f.fs, id), Reading::Opendir, move |_| {
+            tx.send(i).unwrap()
+        });
+    }
+    // One loader: the others wait, and are served in the order they came.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        status(&f.fs).contains("# loads waiting for a loader: 4"),
+        "{}",
+        status(&f.fs)
+    );
+    let order: Vec<usize> = (0..5)
+        .map(|_| rx.recv_timeout(Duration::from_secs(30)).unwrap())
+        .collect();
+    assert_eq!(order, [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_download_cut_part_way_is_retried_and_leaves_nothing_unverified() {
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+    let (f, ids) = fixture(&[&[("big", &big)]]);
+    f.faults.cut_after.store(200, Ordering::SeqCst);
+    f.faults.cut_gets.store(1, Ordering::SeqCst);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let file = f.fs.lookup(dir, b"big").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, file), big);
+    assert_eq!(
+        f.faults.gets.load(Ordering::SeqCst),
+        2,
+        "one cut download, one retry"
+    );
+    // Nothing half-written is left beside the verified entry.
+    let entries: Vec<_> = std::fs::read_dir(&f.cache_entries)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(entries, vec![ids[0].to_string()]);
+}
+
+#[test]
+fn persistent_failures_answer_eio_and_are_tried_again_later() {
+    let (f, ids) = fixture(&[&[("a", b"1")]]);
+    f.faults.cut_after.store(0, Ordering::SeqCst);
+    f.faults.cut_gets.store(100, Ordering::SeqCst);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    assert_eq!(f.fs.opendir(dir).unwrap_err().errno(), libc::EIO);
+    assert_eq!(
+        f.faults.gets.load(Ordering::SeqCst),
+        3,
+        "three attempts with backoff"
+    );
+    // Within a second, the failure is answered as is; after it, tried again.
+    wait_loaded(&f.fs, dir);
+    assert_eq!(f.faults.gets.load(Ordering::SeqCst), 3);
+    f.faults.cut_gets.store(0, Ordering::SeqCst);
+    std::thread::sleep(crate::fs::loader::FAILURE_REUSE);
+    wait_loaded(&f.fs, dir);
+    assert_eq!(names(&f.fs, dir), [".", "..", "a"]);
+}
+
+#[test]
+fn eviction_keeps_the_bound_and_spares_open_files() {
+    let blob = |seed: u8| -> Vec<u8> {
+        (0..100_000u32)
+            .map(|i| (i as u8).wrapping_mul(seed))
+            .collect()
+    };
+    let (a, b, c) = (blob(3), blob(5), blob(7));
+    let (f, ids) = fixture_with(
+        &[&[("f", &a)], &[("f", &b)], &[("f", &c)]],
+        Options {
+            cache_bytes: 150_000,
+            ..Options::default()
+        },
+    );
+    let dirs: Vec<u64> = ids.iter().map(|id| checkpoint_dir(&f.fs, id)).collect();
+    wait_loaded(&f.fs, dirs[0]);
+    let file0 = f.fs.lookup(dirs[0], b"f").unwrap().attr.ino;
+    let open = f.fs.open(file0, libc::O_RDONLY).unwrap();
+    wait_loaded(&f.fs, dirs[1]);
+    wait_loaded(&f.fs, dirs[2]);
+    // 0 is open and 2 was just loaded: 1 had to go.
+    assert!(
+        f.cache.stats().used_bytes <= 200_000,
+        "{:?}",
+        f.cache.stats()
+    );
+    assert_eq!(
+        f.fs.read(open.fh, 0, 100_000).unwrap(),
+        a,
+        "an open file keeps its checkpoint"
+    );
+    assert!(status(&f.fs).contains(&format!("{}  ", ids[1])));
+    f.fs.release(open.fh);
+    // An evicted checkpoint loads again on access.
+    let gets = f.faults.gets.load(Ordering::SeqCst);
+    wait_loaded(&f.fs, dirs[1]);
+    let file1 = f.fs.lookup(dirs[1], b"f").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, file1), b);
+    assert_eq!(f.faults.gets.load(Ordering::SeqCst), gets + 1);
+}

@@ -1,0 +1,178 @@
+//! Capture: `staging/` as the adapter drives it, and seals by rename into `commit/`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+
+fn seal(fs: &CheckpointFs, name: &[u8]) -> Result<(), FsError> {
+    let (tx, rx) = mpsc::channel();
+    fs.rename(
+        (inode::STAGING, name),
+        (inode::COMMIT, name),
+        0,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    rx.recv_timeout(Duration::from_secs(60)).unwrap()
+}
+
+/// Makes `staging/NAME/file` with `contents`; returns the workspace's inode.
+fn stage(fs: &CheckpointFs, name: &[u8], contents: &[u8]) -> u64 {
+    let ws = fs
+        .mkdir(inode::STAGING, name, 0o755, ROOT_CALLER)
+        .unwrap()
+        .attr
+        .ino;
+    let (entry, opened) = fs
+        .create(ws, b"file", 0o644, libc::O_WRONLY, ROOT_CALLER)
+        .unwrap();
+    assert_eq!(
+        fs.write(opened.fh, 0, contents).unwrap() as usize,
+        contents.len()
+    );
+    fs.release(opened.fh);
+    assert_eq!(entry.attr.kind, FileKind::File);
+    ws
+}
+
+#[test]
+fn a_seal_stores_the_workspace_and_serves_it_without_a_download() {
+    let (f, _) = fixture(&[]);
+    stage(&f.fs, b"turn-1", b"captured");
+    seal(&f.fs, b"turn-1").unwrap();
+    let link = f.fs.lookup(inode::COMMIT, b"turn-1").unwrap();
+    assert_eq!(link.ttl, Duration::ZERO);
+    let target = f.fs.readlink(link.attr.ino).unwrap();
+    let id = CheckpointId::parse(std::str::from_utf8(&target[3..]).unwrap()).unwrap();
+    assert!(f.store_dir.path().join(id.object_name()).exists());
+    let dir = checkpoint_dir(&f.fs, &id);
+    wait_loaded(&f.fs, dir);
+    let file = f.fs.lookup(dir, b"file").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, file), b"captured");
+    assert_eq!(
+        f.faults.gets.load(Ordering::SeqCst),
+        0,
+        "the seal indexed what it stored"
+    );
+    assert_eq!(
+        f.fs.lookup(inode::STAGING, b"turn-1").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert!(status(&f.fs).contains(&format!("# seal turn-1: sealed as {id} (stored)")));
+}
+
+#[test]
+fn a_failed_upload_is_eio_and_leaves_the_workspace_as_it_was() {
+    let (f, _) = fixture(&[]);
+    stage(&f.fs, b"ws", b"keep me");
+    f.faults.failing_puts.store(true, Ordering::SeqCst);
+    assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EIO);
+    let ws = f.fs.lookup(inode::STAGING, b"ws").unwrap().attr.ino;
+    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, file), b"keep me");
+    assert_eq!(
+        std::fs::read_dir(f.store_dir.path()).unwrap().count(),
+        0,
+        "nothing stored"
+    );
+    // Thawed: the workspace takes changes again, and a retry succeeds.
+    f.fs.unlink(ws, b"file").unwrap();
+    f.faults.failing_puts.store(false, Ordering::SeqCst);
+    seal(&f.fs, b"ws").unwrap();
+}
+
+#[test]
+fn commit_takes_only_top_level_workspaces_once() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"ws", b"x");
+    f.fs.mkdir(ws, b"inner", 0o755, ROOT_CALLER).unwrap();
+    let (tx, rx) = mpsc::channel();
+    f.fs.rename(
+        (ws, b"inner"),
+        (inode::COMMIT, b"inner"),
+        0,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    assert_eq!(rx.recv().unwrap().unwrap_err().errno(), libc::EPERM);
+    let (tx, rx) = mpsc::channel();
+    let exchange = libc::RENAME_EXCHANGE;
+    f.fs.rename(
+        (inode::STAGING, b"ws"),
+        (inode::COMMIT, b"ws"),
+        exchange,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    assert_eq!(rx.recv().unwrap().unwrap_err().errno(), libc::EINVAL);
+    seal(&f.fs, b"ws").unwrap();
+    stage(&f.fs, b"ws", b"y");
+    assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EEXIST);
+}
+
+#[test]
+fn a_file_open_for_writing_makes_the_seal_busy_and_a_frozen_tree_refuses_changes() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"ws", b"x");
+    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    let writer = f.fs.open(file, libc::O_WRONLY).unwrap();
+    assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EBUSY);
+    f.fs.release(writer.fh);
+    // Frozen by hand, as a seal does: every change inside answers EBUSY.
+    let frozen = f.fs.staging.freeze(b"ws").unwrap();
+    let busy = |r: Result<(), FsError>| assert_eq!(r.unwrap_err().errno(), libc::EBUSY);
+    busy(f.fs.mkdir(ws, b"d", 0o755, ROOT_CALLER).map(drop));
+    busy(f.fs.unlink(ws, b"file"));
+    busy(f.fs.open(file, libc::O_WRONLY).map(drop));
+    busy(
+        f.fs.setattr(
+            file,
+            SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+        )
+        .map(drop),
+    );
+    busy(
+        f.fs.create(ws, b"n", 0o644, libc::O_WRONLY, ROOT_CALLER)
+            .map(drop),
+    );
+    f.fs.staging.thaw(frozen);
+    f.fs.mkdir(ws, b"d", 0o755, ROOT_CALLER).unwrap();
+}
+
+#[test]
+fn new_entries_get_exactly_the_mode_asked_for() {
+    let (f, _) = fixture(&[]);
+    // SAFETY: umask has no preconditions; the daemon's usual umask is set and put back.
+    let old = unsafe { libc::umask(0o022) };
+    let ws =
+        f.fs.mkdir(inode::STAGING, b"ws", 0o777, ROOT_CALLER)
+            .unwrap()
+            .attr;
+    let (file, opened) =
+        f.fs.create(ws.ino, b"f", 0o666, libc::O_WRONLY, ROOT_CALLER)
+            .unwrap();
+    f.fs.release(opened.fh);
+    let fifo =
+        f.fs.mknod(ws.ino, b"p", libc::S_IFIFO | 0o662, 0, ROOT_CALLER)
+            .unwrap();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    assert_eq!(
+        (ws.perm, file.attr.perm, fifo.attr.perm),
+        (0o777, 0o666, 0o662)
+    );
+    assert_eq!(fifo.attr.kind, FileKind::Fifo);
+    let on_disk = std::fs::metadata(f.staging_dir.join("ws/f")).unwrap();
+    assert_eq!(on_disk.permissions().mode() & 0o777, 0o666);
+    let device = f.fs.mknod(
+        ws.ino,
+        b"null",
+        libc::S_IFCHR | 0o666,
+        libc::makedev(1, 3),
+        ROOT_CALLER,
+    );
+    assert_eq!(device.unwrap_err().errno(), libc::EPERM);
+}
