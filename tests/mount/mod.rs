@@ -11,6 +11,7 @@
 
 mod cache;
 mod concurrency;
+mod faults;
 mod fidelity;
 mod gate;
 mod lifecycle;

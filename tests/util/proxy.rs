@@ -272,3 +272,171 @@ impl CorruptingProxy {
         self.flipped.load(Ordering::SeqCst)
     }
 }
+
+/// What a [`FaultProxy`] does to new connections and to responses in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward everything.
+    Pass,
+    /// Close every new connection at once: the server has gone away.
+    Down,
+    /// Answer every request with this HTTP status (500, 503) and an S3 error body,
+    /// without asking the server.
+    Status(u16),
+    /// Cut every response after this many bytes (of that connection).
+    CutAfter(u64),
+    /// Hold every response (after its first bytes) until the fault changes.
+    Stall,
+    /// Forward responses at about this many bytes per second.
+    Slow(u64),
+}
+
+/// A proxy whose fault the test changes while clients use it.
+pub struct FaultProxy {
+    proxy: Proxy,
+    fault: Arc<Mutex<Fault>>,
+    /// Requests answered by a fault rather than by the server.
+    faulted: Arc<AtomicUsize>,
+    /// Client sides of the connections relayed so far, to cut them when the server
+    /// "goes away" (clients keep connections alive between requests).
+    live: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream_url: &str) -> Self {
+        let fault = Arc::new(Mutex::new(Fault::Pass));
+        let faulted = Arc::new(AtomicUsize::new(0));
+        let live = Arc::new(Mutex::new(Vec::new()));
+        let (serve_fault, serve_faulted, serve_live) =
+            (Arc::clone(&fault), Arc::clone(&faulted), Arc::clone(&live));
+        let proxy = Proxy::start(upstream_url, move |connection| {
+            if let Ok(client) = connection.client.try_clone() {
+                serve_live.lock().unwrap().push(client);
+            }
+            serve_faulty(connection, &serve_fault, &serve_faulted)
+        });
+        FaultProxy {
+            proxy,
+            fault,
+            faulted,
+            live,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        self.proxy.endpoint()
+    }
+
+    /// Changes the fault. A server that goes away, or starts answering errors, also
+    /// drops the connections clients keep open.
+    pub fn set(&self, fault: Fault) {
+        *self.fault.lock().unwrap() = fault;
+        if matches!(fault, Fault::Down | Fault::Status(_)) {
+            for client in self.live.lock().unwrap().drain(..) {
+                let _ = client.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    pub fn faulted(&self) -> usize {
+        self.faulted.load(Ordering::SeqCst)
+    }
+}
+
+fn serve_faulty(mut connection: Connection, fault: &Arc<Mutex<Fault>>, faulted: &Arc<AtomicUsize>) {
+    let current = *fault.lock().unwrap();
+    match current {
+        Fault::Down => {
+            faulted.fetch_add(1, Ordering::SeqCst);
+            let _ = connection.client.shutdown(Shutdown::Both);
+        }
+        Fault::Status(code) => answer_with_status(&mut connection.client, code, faulted),
+        _ => {
+            let (fault, faulted) = (Arc::clone(fault), Arc::clone(faulted));
+            connection.relay(
+                move |server_read, client_write| {
+                    let mut sent: u64 = 0;
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match server_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut chunk = &buf[..n];
+                        loop {
+                            let now = *fault.lock().unwrap();
+                            match now {
+                                Fault::CutAfter(limit) if sent + chunk.len() as u64 > limit => {
+                                    let keep = limit.saturating_sub(sent) as usize;
+                                    let _ = client_write.write_all(&chunk[..keep]);
+                                    faulted.fetch_add(1, Ordering::SeqCst);
+                                    let _ = client_write.shutdown(Shutdown::Both);
+                                    let _ = server_read.shutdown(Shutdown::Both);
+                                    return;
+                                }
+                                Fault::Stall if sent > 0 => {
+                                    std::thread::sleep(std::time::Duration::from_millis(20));
+                                    continue;
+                                }
+                                Fault::Slow(rate) => {
+                                    let part = chunk.len().min((rate / 10).max(1) as usize);
+                                    if client_write.write_all(&chunk[..part]).is_err() {
+                                        return;
+                                    }
+                                    sent += part as u64;
+                                    chunk = &chunk[part..];
+                                    std::thread::sleep(std::time::Duration::from_millis(100));
+                                    if chunk.is_empty() {
+                                        break;
+                                    }
+                                    continue;
+                                }
+                                _ => {}
+                            }
+                            if client_write.write_all(chunk).is_err() {
+                                return;
+                            }
+                            sent += chunk.len() as u64;
+                            break;
+                        }
+                    }
+                },
+                |_| true,
+            );
+        }
+    }
+}
+
+/// Reads one request (headers, then a body of its Content-Length) and answers it with
+/// `code` and an S3 error document; closes the connection.
+fn answer_with_status(client: &mut TcpStream, code: u16, faulted: &AtomicUsize) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match client.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let length: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let _ = std::io::copy(&mut client.take(length), &mut std::io::sink());
+    let (reason, s3_code) = match code {
+        503 => ("Service Unavailable", "SlowDown"),
+        _ => ("Internal Server Error", "InternalError"),
+    };
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{s3_code}</Code><Message>injected by the test</Message></Error>"
+    );
+    let reply = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    faulted.fetch_add(1, Ordering::SeqCst);
+    let _ = client.write_all(reply.as_bytes());
+    let _ = client.shutdown(Shutdown::Both);
+}
