@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -22,6 +22,7 @@ use fuser::{
 };
 
 use super::inode;
+use super::metrics::Op;
 use super::{
     Attr, Caller, CheckpointFs, Entry, FileKind, FsError, Opened, Reading, SetAttr, SetTime,
 };
@@ -223,6 +224,15 @@ fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
 
 const UNCACHED: Duration = Duration::ZERO;
 
+/// Records how long a request took when it goes out of scope (replied or failed).
+struct Timer<'a>(&'a CheckpointFs, Op, Instant);
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        self.0.latencies().record(self.1, self.2.elapsed());
+    }
+}
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config
@@ -243,7 +253,9 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
+        let started = Instant::now();
         self.fs.prepare(parent.0, Reading::Lookup, move |fs| {
+            let _timer = Timer(fs, Op::Lookup, started);
             match fs.lookup(parent.0, &name) {
                 Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
                 Err(e) => reply.error(errno("lookup", parent.0, &e)),
@@ -256,11 +268,14 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.fs
-            .prepare(ino.0, Reading::Getattr, move |fs| match fs.getattr(ino.0) {
+        let started = Instant::now();
+        self.fs.prepare(ino.0, Reading::Getattr, move |fs| {
+            let _timer = Timer(fs, Op::Getattr, started);
+            match fs.getattr(ino.0) {
                 Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
                 Err(e) => reply.error(errno("getattr", ino.0, &e)),
-            });
+            }
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -319,7 +334,9 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         // Entries with their attributes, so that `ls -l` needs no lookup per entry.
+        let started = Instant::now();
         self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
+            let _timer = Timer(fs, Op::Readdir, started);
             let mut failure = None;
             let result = fs.readdir(ino.0, offset, &mut |entry, next| {
                 let name = OsStr::from_bytes(&entry.name);
@@ -365,8 +382,9 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let passthrough = self.passthrough.load(Ordering::Relaxed);
-        let backing = Arc::clone(&self.backing);
+        let (backing, started) = (Arc::clone(&self.backing), Instant::now());
         self.fs.prepare(ino.0, Reading::Open, move |fs| {
+            let _timer = Timer(fs, Op::Open, started);
             let opened = match fs.open(ino.0, flags.0) {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
@@ -395,6 +413,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _timer = Timer(&self.fs, Op::Create, Instant::now());
         let created = self
             .fs
             .create(parent.0, name.as_bytes(), mode & !umask, flags, caller(req));
@@ -427,6 +446,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _timer = Timer(&self.fs, Op::Read, Instant::now());
         match self.fs.read(fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno("read", ino.0, &e)),
@@ -445,6 +465,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _timer = Timer(&self.fs, Op::Write, Instant::now());
         match self.fs.write(fh.0, offset, data) {
             Ok(written) => reply.written(written),
             Err(e) => reply.error(errno("write", ino.0, &e)),
@@ -652,22 +673,26 @@ impl Filesystem for FuseAdapter {
     ) {
         let notifier = Arc::clone(&self.notifier);
         let committed = newname.to_owned();
+        let (fs, started) = (Arc::clone(&self.fs), Instant::now());
         self.fs.rename(
             (parent.0, name.as_bytes()),
             (newparent.0, newname.as_bytes()),
             flags.bits(),
-            Box::new(move |result| match result {
-                Ok(()) => {
-                    reply.ok();
-                    if newparent.0 == inode::COMMIT
-                        && let Some(notifier) = notifier.get()
-                    {
-                        // The kernel moved the staged directory's entry to commit/NAME;
-                        // it is a symlink now. (Uncached entries make this a courtesy.)
-                        let _ = notifier.inval_entry(INodeNo(inode::COMMIT), &committed);
+            Box::new(move |result| {
+                let _timer = Timer(&fs, Op::Rename, started);
+                match result {
+                    Ok(()) => {
+                        reply.ok();
+                        if newparent.0 == inode::COMMIT
+                            && let Some(notifier) = notifier.get()
+                        {
+                            // The kernel moved the staged directory's entry to commit/NAME;
+                            // it is a symlink now. (Uncached entries make this a courtesy.)
+                            let _ = notifier.inval_entry(INodeNo(inode::COMMIT), &committed);
+                        }
                     }
+                    Err(e) => reply.error(errno("rename", parent.0, &e)),
                 }
-                Err(e) => reply.error(errno("rename", parent.0, &e)),
             }),
         );
     }

@@ -26,6 +26,7 @@ pub mod fuse;
 pub mod inode;
 pub mod listing;
 pub mod loader;
+pub mod metrics;
 pub mod mount;
 pub mod sealer;
 pub mod staging;
@@ -164,6 +165,7 @@ pub struct CheckpointFs {
     checkpoints: Arc<Checkpoints>,
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
+    latencies: Arc<metrics::Latencies>,
 }
 
 impl CheckpointFs {
@@ -208,6 +210,7 @@ impl CheckpointFs {
                 threads: config.threads,
             },
         ));
+        let latencies = Arc::new(metrics::Latencies::default());
         let views = Views::new(
             Arc::clone(&catalog),
             Arc::clone(&checkpoints),
@@ -218,6 +221,7 @@ impl CheckpointFs {
             store.describe(),
             (config.uid, config.gid),
             mounted_at,
+            Arc::clone(&latencies),
         );
         Arc::new(CheckpointFs {
             store,
@@ -227,6 +231,7 @@ impl CheckpointFs {
             checkpoints,
             staging,
             sealer,
+            latencies,
         })
     }
 
@@ -326,6 +331,11 @@ impl CheckpointFs {
     /// Space of the disk that staging writes to: what `cp` and `df` care about.
     pub fn statfs(&self) -> Result<rustix::fs::StatVfs, FsError> {
         self.staging.statfs()
+    }
+
+    /// Where the adapter records how long each request took.
+    pub fn latencies(&self) -> &metrics::Latencies {
+        &self.latencies
     }
 
     pub fn status_text(&self) -> Vec<u8> {

@@ -14,6 +14,7 @@ pub fn render(
     cache: CacheStats,
     seals: &SealsReport,
     loads_waiting: usize,
+    latencies: &str,
 ) -> Vec<u8> {
     let mut text = format!("# ckptfs: {store}\n");
     if let Some(at) = listing.listed_at {
@@ -33,6 +34,7 @@ pub fn render(
     if loads_waiting > 0 {
         text += &format!("# loads waiting for a loader: {loads_waiting}\n");
     }
+    text += latencies;
     for name in &seals.in_progress {
         text += &format!("# seal in progress: {}\n", String::from_utf8_lossy(name));
     }

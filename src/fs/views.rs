@@ -14,6 +14,7 @@ use super::checkpoints::{Checkpoints, IMMUTABLE_TTL};
 use super::inode::{self, HANDLE_VIEW_BIT, Inode};
 use super::listing::{Catalog, Listing, Slot};
 use super::loader::Loader;
+use super::metrics::Latencies;
 use super::sealer::Sealer;
 use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, StagingTree, Subtree};
 use crate::cache::Cache;
@@ -36,6 +37,7 @@ pub struct Views {
     /// The mounting user, who owns the virtual entries.
     owner: (u32, u32),
     mounted_at: SystemTime,
+    latencies: Arc<Latencies>,
     texts: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
     next_fh: AtomicU64,
 }
@@ -52,6 +54,7 @@ impl Views {
         store_name: String,
         owner: (u32, u32),
         mounted_at: SystemTime,
+        latencies: Arc<Latencies>,
     ) -> Self {
         Views {
             catalog,
@@ -63,6 +66,7 @@ impl Views {
             store_name,
             owner,
             mounted_at,
+            latencies,
             texts: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         }
@@ -103,6 +107,7 @@ impl Views {
             self.cache.stats(),
             &self.sealer.report(),
             self.loader.queued(),
+            &self.latencies.render(),
         )
     }
 
