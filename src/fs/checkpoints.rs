@@ -8,6 +8,8 @@
 //! `stat` of a checkpoint's own directory needs only the listing.
 
 use std::collections::HashMap;
+
+use lru::LruCache;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,7 +53,12 @@ pub struct Checkpoints {
     owners: Owners,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// Own files read without an open (see `read_unopened`), kept open a while.
+    unopened: Mutex<LruCache<u64, Arc<File>>>,
 }
+
+/// Own files kept open for reads that come without an open.
+const UNOPENED_FILES: usize = 64;
 
 pub fn time_from_secs(secs: i64) -> SystemTime {
     if secs >= 0 {
@@ -76,6 +83,47 @@ impl Checkpoints {
             owners,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            unopened: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(UNOPENED_FILES).expect("non-zero"),
+            )),
+        }
+    }
+
+    /// Reads file `ino` without a handle (a read-only mount answers no opens): its
+    /// checkpoint is loaded (the kernel looked the file up first), and a large file's
+    /// own cache file is kept open for the next reads.
+    pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let (_, node, checkpoint) = self.node(ino)?;
+        let NodeKind::File {
+            size: file_size,
+            location,
+            ..
+        } = checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind
+        else {
+            return Err(FsError::IsADirectory);
+        };
+        match location {
+            FileLocation::Packed { offset: start } => {
+                let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+                checkpoint
+                    .read_packed(start, offset, len)
+                    .map_err(FsError::Io)
+            }
+            FileLocation::Own => {
+                let cached = self.unopened.lock().expect("files lock").get(&ino).cloned();
+                let file = match cached {
+                    Some(file) => file,
+                    None => {
+                        let file = Arc::new(checkpoint.open_own(node).map_err(FsError::Io)?);
+                        self.unopened
+                            .lock()
+                            .expect("files lock")
+                            .put(ino, Arc::clone(&file));
+                        file
+                    }
+                };
+                crate::cache::read_at(&file, offset, size as usize).map_err(FsError::Io)
+            }
         }
     }
 

@@ -389,6 +389,12 @@ impl Filesystem for FuseAdapter {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
+            if fs.open_is_free() {
+                // The file can be opened: ENOSYS makes the kernel open every file by
+                // itself from now on, keeping its page cache, and read without a handle.
+                fs.release(opened.fh);
+                return reply.error(Errno::from_i32(libc::ENOSYS));
+            }
             let fh = FileHandle(opened.fh);
             match open_as(passthrough, &backing, ino.0, &opened, |f| {
                 reply.open_backing(f)
@@ -447,7 +453,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _timer = Timer(&self.fs, Op::Read, Instant::now());
-        match self.fs.read(fh.0, offset, size) {
+        match self.fs.read(ino.0, fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno("read", ino.0, &e)),
         }

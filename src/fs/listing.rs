@@ -81,6 +81,8 @@ struct Slots {
 }
 
 pub struct Catalog {
+    /// A read-only mount shows no `staging/` and no `commit/`.
+    read_only: bool,
     slots: RwLock<Slots>,
     current: RwLock<Arc<Listing>>,
     /// Serialises the writers of `current` (refresh, add); readers never take it.
@@ -92,9 +94,10 @@ pub struct Catalog {
 struct Pinned(HashSet<CheckpointId>);
 
 impl Catalog {
-    pub fn new(mounted_at: SystemTime) -> Self {
-        let empty = build(Vec::new(), None, None, mounted_at);
+    pub fn new(mounted_at: SystemTime, read_only: bool) -> Self {
+        let empty = build(read_only, Vec::new(), None, None, mounted_at);
         Catalog {
+            read_only,
             slots: RwLock::new(Slots::default()),
             current: RwLock::new(Arc::new(empty)),
             writer: Mutex::new(Pinned::default()),
@@ -180,7 +183,7 @@ impl Catalog {
         } else {
             previous.changed_at
         };
-        let listing = build(order, listed_at, error, changed_at);
+        let listing = build(self.read_only, order, listed_at, error, changed_at);
         *self.current.write().expect("listing lock") = Arc::new(listing);
         listed.map(drop)
     }
@@ -196,6 +199,7 @@ impl Catalog {
             infos.push(info);
             let order = self.order(infos);
             let listing = build(
+                self.read_only,
                 order,
                 previous.listed_at,
                 previous.error.clone(),
@@ -219,6 +223,7 @@ impl Catalog {
 }
 
 fn build(
+    read_only: bool,
     order: Vec<Arc<Slot>>,
     listed_at: Option<SystemTime>,
     error: Option<String>,
@@ -228,10 +233,12 @@ fn build(
         dir_entry(inode::ROOT, FileKind::Directory, b"."),
         dir_entry(inode::ROOT, FileKind::Directory, b".."),
         dir_entry(inode::BY_TIME, FileKind::Directory, b"by-time"),
-        dir_entry(inode::STAGING, FileKind::Directory, b"staging"),
-        dir_entry(inode::COMMIT, FileKind::Directory, b"commit"),
         dir_entry(inode::STATUS, FileKind::File, b".status"),
     ];
+    if !read_only {
+        root.push(dir_entry(inode::STAGING, FileKind::Directory, b"staging"));
+        root.push(dir_entry(inode::COMMIT, FileKind::Directory, b"commit"));
+    }
     if !order.is_empty() {
         root.push(dir_entry(inode::LATEST, FileKind::Symlink, b"latest"));
     }

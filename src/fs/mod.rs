@@ -64,6 +64,9 @@ pub struct FsConfig {
     pub threads: usize,
     /// Checkpoints loaded at once (see [`loader::default_loaders`]).
     pub loaders: usize,
+    /// No `staging/` and no `commit/`; files are read without opening them (see
+    /// [`CheckpointFs::open_is_free`]).
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +109,10 @@ pub struct DirEntry {
     pub kind: FileKind,
     pub name: Vec<u8>,
 }
+
+/// The handle of reads of files that were not opened through the daemon (see
+/// [`CheckpointFs::open_is_free`]); no open ever returns it.
+pub const NO_HANDLE: u64 = 0;
 
 /// What the adapter needs to answer an `open`.
 #[derive(Debug)]
@@ -166,6 +173,7 @@ pub struct CheckpointFs {
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
     latencies: Arc<metrics::Latencies>,
+    read_only: bool,
 }
 
 impl CheckpointFs {
@@ -176,7 +184,7 @@ impl CheckpointFs {
         config: FsConfig,
     ) -> Arc<Self> {
         let mounted_at = SystemTime::now();
-        let catalog = Arc::new(Catalog::new(mounted_at));
+        let catalog = Arc::new(Catalog::new(mounted_at, config.read_only));
         let loader = Arc::new(Loader::start(
             Arc::clone(&store),
             Arc::clone(&cache),
@@ -232,6 +240,7 @@ impl CheckpointFs {
             staging,
             sealer,
             latencies,
+            read_only: config.read_only,
         })
     }
 
@@ -313,8 +322,24 @@ impl CheckpointFs {
         self.of_inode(ino).open(ino, flags)
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        self.of_handle(fh).read(fh, offset, size)
+    /// Whether opening a file asks nothing of the daemon: on a read-only mount, the
+    /// adapter answers the first OPEN with ENOSYS, after which the kernel opens files
+    /// by itself (no round trip per open, page cache kept), and reads come with no
+    /// handle ([`NO_HANDLE`]). The price: no passthrough (no open, no backing file).
+    pub fn open_is_free(&self) -> bool {
+        self.read_only
+    }
+
+    /// Reads from an open handle, or by inode on a mount whose opens are free.
+    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        if fh != NO_HANDLE {
+            return self.of_handle(fh).read(fh, offset, size);
+        }
+        match Owner::of_inode(ino) {
+            Owner::Checkpoints => self.checkpoints.read_unopened(ino, offset, size),
+            Owner::Views => self.views.read_unopened(ino, offset, size),
+            Owner::Staging => Err(FsError::BadHandle),
+        }
     }
 
     pub fn release(&self, fh: u64) {

@@ -64,6 +64,7 @@ pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
             work_dir,
             threads: crate::commands::compression_threads(),
             loaders: args.loaders.unwrap_or_else(super::loader::default_loaders),
+            read_only: false,
         },
     );
     fs.refresh()

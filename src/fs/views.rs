@@ -111,6 +111,18 @@ impl Views {
         )
     }
 
+    /// Reads `.status` without a handle (a read-only mount answers no opens): each
+    /// read renders it anew.
+    pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        if Inode::decode(ino) != Some(Inode::Status) {
+            return Err(FsError::IsADirectory);
+        }
+        let text = self.status_text();
+        let start = (offset as usize).min(text.len());
+        let end = (start + size as usize).min(text.len());
+        Ok(text[start..end].to_vec())
+    }
+
     fn listed(&self, listing: &Listing, slot: usize) -> Result<Arc<Slot>, FsError> {
         listing
             .order

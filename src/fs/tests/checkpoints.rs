@@ -25,7 +25,7 @@ fn contents_are_served_once_verified() {
         opened.keep_cache && opened.backing.is_none(),
         "small files are packed"
     );
-    assert_eq!(f.fs.read(opened.fh, 3, 100).unwrap(), b"lo");
+    assert_eq!(f.fs.read(file.attr.ino, opened.fh, 3, 100).unwrap(), b"lo");
     f.fs.release(opened.fh);
     let big_file = f.fs.lookup(dir, b"big").unwrap().attr;
     let opened = f.fs.open(big_file.ino, libc::O_RDONLY).unwrap();
@@ -150,4 +150,37 @@ fn hard_links_share_one_inode_and_count_their_names() {
     assert_eq!(one.ino, two.ino);
     assert_eq!(one.nlink, 2);
     assert_eq!(read_all(&f.fs, two.ino), b"shared");
+}
+
+#[test]
+fn a_read_only_mount_reads_files_without_opening_them() {
+    let big = vec![9u8; 150_000];
+    let (f, ids) = fixture_with(
+        &[&[("small", b"tiny"), ("big", &big)]],
+        Options {
+            read_only: true,
+            ..Options::default()
+        },
+    );
+    assert!(f.fs.open_is_free());
+    let root = names(&f.fs, inode::ROOT);
+    assert!(
+        !root.contains(&"staging".to_string()) && !root.contains(&"commit".to_string()),
+        "{root:?}"
+    );
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let small = f.fs.lookup(dir, b"small").unwrap().attr.ino;
+    let big_ino = f.fs.lookup(dir, b"big").unwrap().attr.ino;
+    assert_eq!(f.fs.read(small, NO_HANDLE, 1, 10).unwrap(), b"iny");
+    assert_eq!(
+        f.fs.read(big_ino, NO_HANDLE, 149_990, 100).unwrap(),
+        vec![9u8; 10]
+    );
+    assert_eq!(
+        f.fs.read(dir, NO_HANDLE, 0, 10).unwrap_err().errno(),
+        libc::EISDIR
+    );
+    let text = f.fs.read(inode::STATUS, NO_HANDLE, 0, 1 << 16).unwrap();
+    assert!(String::from_utf8(text).unwrap().contains("  verified\n"));
 }

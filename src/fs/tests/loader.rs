@@ -137,7 +137,7 @@ fn eviction_keeps_the_bound_and_spares_open_files() {
         f.cache.stats()
     );
     assert_eq!(
-        f.fs.read(open.fh, 0, 100_000).unwrap(),
+        f.fs.read(file0, open.fh, 0, 100_000).unwrap(),
         a,
         "an open file keeps its checkpoint"
     );

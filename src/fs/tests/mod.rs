@@ -131,6 +131,7 @@ pub struct Fixture {
 pub struct Options {
     pub loaders: usize,
     pub cache_bytes: u64,
+    pub read_only: bool,
 }
 
 impl Default for Options {
@@ -138,6 +139,7 @@ impl Default for Options {
         Options {
             loaders: 2,
             cache_bytes: 1 << 30,
+            read_only: false,
         }
     }
 }
@@ -207,6 +209,7 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             work_dir: cache_dir.path().to_owned(),
             threads: 1,
             loaders: options.loaders,
+            read_only: options.read_only,
         },
     );
     fs.refresh().unwrap();
@@ -266,7 +269,7 @@ pub fn read_all(fs: &CheckpointFs, ino: u64) -> Vec<u8> {
     let opened = fs.open(ino, libc::O_RDONLY).unwrap();
     let mut data = Vec::new();
     loop {
-        let chunk = fs.read(opened.fh, data.len() as u64, 65536).unwrap();
+        let chunk = fs.read(ino, opened.fh, data.len() as u64, 65536).unwrap();
         if chunk.is_empty() {
             break;
         }

@@ -150,7 +150,7 @@ fn status_is_read_from_a_snapshot_taken_at_open() {
     let opened = f.fs.open(inode::STATUS, libc::O_RDONLY).unwrap();
     assert!(opened.direct_io, ".status has no size known in advance");
     wait_loaded(&f.fs, checkpoint_dir(&f.fs, &ids[0]));
-    let text = String::from_utf8(f.fs.read(opened.fh, 0, 1 << 20).unwrap()).unwrap();
+    let text = String::from_utf8(f.fs.read(inode::STATUS, opened.fh, 0, 1 << 20).unwrap()).unwrap();
     assert!(
         text.contains(&format!("{}  ", ids[0])) && text.contains("  listed\n"),
         "{text}"
@@ -158,7 +158,9 @@ fn status_is_read_from_a_snapshot_taken_at_open() {
     f.fs.release(opened.fh);
     assert!(status(&f.fs).contains("  verified\n"));
     assert_eq!(
-        f.fs.read(opened.fh, 0, 10).unwrap_err().errno(),
+        f.fs.read(inode::STATUS, opened.fh, 0, 10)
+            .unwrap_err()
+            .errno(),
         libc::EBADF
     );
 }
