@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint::{self, CheckpointError, GetOptions, PutOptions, StoreOutcome};
 use crate::cli::{Cli, Command, GetArgs, LsArgs, PutArgs, VerifyArgs};
-use crate::store::{self, ObjectStore, S3Options};
+use crate::store::{self, DEFAULT_PART_SIZE, ObjectStore, StoreConfig};
 
 /// Runs one command. Returns the process exit code for outcomes that are not errors
 /// of the command itself (a failed verification).
@@ -24,12 +24,19 @@ pub fn run(cli: Cli) -> Result<i32> {
     }
 }
 
+/// What the `STORE` argument `url` names, with the global `--endpoint-url`.
+fn store_config(cli: &Cli, url: &str, part_size: u64) -> Result<StoreConfig> {
+    StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)
+        .with_context(|| format!("cannot open store {url}"))
+}
+
+/// Opens the store the `STORE` argument `url` names.
 pub(crate) fn open_store(cli: &Cli, url: &str, part_size: u64) -> Result<Arc<dyn ObjectStore>> {
-    let options = S3Options {
-        endpoint_url: cli.endpoint_url.clone(),
-        part_size,
-    };
-    store::open(url, &options).with_context(|| format!("cannot open store {url}"))
+    open_config(&store_config(cli, url, part_size)?, url)
+}
+
+fn open_config(config: &StoreConfig, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    store::open(config).with_context(|| format!("cannot open store {url}"))
 }
 
 fn bar(len: u64, message: &'static str) -> ProgressBar {
@@ -59,12 +66,16 @@ fn put(cli: &Cli, args: &PutArgs) -> Result<i32> {
     if args.part_size < store::s3::MIN_PART_SIZE {
         bail!("--part-size must be at least 5MiB (S3's smallest part)");
     }
-    if !args.store.contains("://") && !std::path::Path::new(&args.store).exists() {
-        std::fs::create_dir_all(&args.store)
+    let config = store_config(cli, &args.store, args.part_size)?;
+    // The one command that may start a local store.
+    if let StoreConfig::Local { dir } = &config
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the store directory {}", args.store))?;
         eprintln!("created the store directory {}", args.store);
     }
-    let store = open_store(cli, &args.store, args.part_size)?;
+    let store = open_config(&config, &args.store)?;
     let upload = bar(0, "uploading");
     let report = checkpoint::put(
         store.as_ref(),
@@ -101,7 +112,7 @@ fn put(cli: &Cli, args: &PutArgs) -> Result<i32> {
 }
 
 fn get(cli: &Cli, args: &GetArgs) -> Result<i32> {
-    let store = open_store(cli, &args.store, S3Options::default().part_size)?;
+    let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
     let id = checkpoint::resolve(store.as_ref(), &args.sha256)?;
     let download = bar(0, "downloading");
     let summary = checkpoint::get(
@@ -140,7 +151,7 @@ fn get(cli: &Cli, args: &GetArgs) -> Result<i32> {
 }
 
 fn verify(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
-    let store = open_store(cli, &args.store, S3Options::default().part_size)?;
+    let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
     let ids = if args.sha256.is_empty() {
         checkpoint::list(store.as_ref())?
             .into_iter()
@@ -176,7 +187,7 @@ fn verify(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
 }
 
 fn ls(cli: &Cli, args: &LsArgs) -> Result<i32> {
-    let store = open_store(cli, &args.store, S3Options::default().part_size)?;
+    let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
     let checkpoints = checkpoint::list(store.as_ref())?;
     let mut out = io::stdout().lock();
     if args.json {
