@@ -6,6 +6,11 @@
 //! fresh process, since forking a process that runs threads is unsafe), waits until
 //! that daemon says the mount is ready, and exits 0; or non-zero with the daemon's
 //! error if it could not mount.
+//!
+//! A daemon that was killed (`kill -9`, the OOM killer) leaves its mount behind,
+//! dead: accesses to the mount point answer ENOTCONN ("Transport endpoint is not
+//! connected"). Starting the daemon again on that mount point detaches the dead mount
+//! first, and says so in the log.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -43,6 +48,7 @@ fn serve(cli: &Cli, args: &MountArgs) -> Result<()> {
         .with_context(|| format!("cannot list {}", args.store))?;
     spawn_refresher(Arc::downgrade(&fs), args.refresh);
 
+    detach_dead_mount(&args.mountpoint)?;
     let options = MountOptions {
         mountpoint: args.mountpoint.clone(),
         fsname: format!("ckptfs:{}", args.store),
@@ -170,6 +176,64 @@ fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
             }
         })
         .expect("spawning the refresh thread");
+}
+
+/// If `mountpoint` is a FUSE mount whose daemon is gone (ENOTCONN), detaches it:
+/// `umount2(MNT_DETACH)` where the daemon may unmount (root), else `fusermount3 -u -z`
+/// (the mount's owner). Anything else at the mount point is left for the mount to
+/// judge. The probe is `statfs`, which the kernel always asks the daemon: a `stat`
+/// of the mount's root can still answer from the attribute cache for a moment after
+/// the daemon died.
+fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
+    match rustix::fs::statfs(mountpoint) {
+        Err(rustix::io::Errno::NOTCONN) => {}
+        _ => return Ok(()),
+    }
+    tracing::warn!(
+        mountpoint = %mountpoint.display(),
+        "the mount point is a dead FUSE mount (its daemon was killed); detaching it"
+    );
+    let how = match umount_detach(mountpoint) {
+        Ok(()) => "umount2(MNT_DETACH)",
+        Err(umount_error) => {
+            let fusermount = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(mountpoint)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output();
+            match fusermount {
+                Ok(out) if out.status.success() => "fusermount3 -u -z",
+                Ok(out) => bail!(
+                    "cannot detach the dead mount on {}: umount2: {umount_error}; \
+                     fusermount3 -u -z: {}",
+                    mountpoint.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                Err(e) => bail!(
+                    "cannot detach the dead mount on {}: umount2: {umount_error}; \
+                     fusermount3: {e}",
+                    mountpoint.display()
+                ),
+            }
+        }
+    };
+    tracing::info!(mountpoint = %mountpoint.display(), with = how, "detached the dead mount");
+    Ok(())
+}
+
+/// `umount2(path, MNT_DETACH)`.
+fn umount_detach(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `path` is a NUL-terminated string that lives across the call.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// In the daemon: tells the waiting parent that the mount is up.
