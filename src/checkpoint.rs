@@ -6,7 +6,13 @@
 //! callers only act on the data (extract it, serve it) after [`VerifyingReader::finish`]
 //! succeeded. Metadata is checked first, so a size or digest that disagrees with the
 //! object's name or length fails before any download.
+//!
+//! This module decides what a checkpoint object's user metadata says: `sha256` (the
+//! digest, 64 lowercase hex digits) and `size` (the length in bytes, decimal). Both
+//! are written with every object and checked when present; an object without them
+//! (put there by another tool) is still verified by its bytes.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -17,9 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::archive::writer::{self, WriterOptions};
 use crate::archive::{self, ArchiveError, Limits};
-use crate::store::{
-    CheckpointMetadata, ObjectInfo, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
-};
+use crate::store::{ObjectInfo, ObjectStore, Progress, PutMode, PutOutcome, StoreError};
 
 /// The SHA-256 of a checkpoint object, as 64 lowercase hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +59,33 @@ impl CheckpointId {
 impl fmt::Display for CheckpointId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The user metadata keys of a checkpoint object.
+const SHA256_KEY: &str = "sha256";
+const SIZE_KEY: &str = "size";
+
+/// The user metadata written with a checkpoint object of `size` bytes.
+fn encode_metadata(id: &CheckpointId, size: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (SHA256_KEY.to_owned(), id.as_str().to_owned()),
+        (SIZE_KEY.to_owned(), size.to_string()),
+    ])
+}
+
+/// What a checkpoint object's user metadata claims, as far as it says anything.
+struct ClaimedMetadata<'a> {
+    sha256: Option<&'a str>,
+    /// The `size` value as the store has it: a value that is not a number is kept as
+    /// text, for the error message.
+    size: Option<&'a str>,
+}
+
+fn decode_metadata(metadata: &BTreeMap<String, String>) -> ClaimedMetadata<'_> {
+    ClaimedMetadata {
+        sha256: metadata.get(SHA256_KEY).map(String::as_str),
+        size: metadata.get(SIZE_KEY).map(String::as_str),
     }
 }
 
@@ -220,7 +251,8 @@ pub fn open(
         Err(e) => return Err(e.into()),
     };
     let meta = object.meta;
-    if let Some(size) = &meta.size
+    let claimed = decode_metadata(&meta.metadata);
+    if let Some(size) = claimed.size
         && size.trim().parse::<u64>().ok() != Some(meta.length)
     {
         return Err(fail(VerifyFailure::SizeMismatch(format!(
@@ -228,7 +260,7 @@ pub fn open(
             meta.length
         ))));
     }
-    if let Some(sha) = &meta.sha256
+    if let Some(sha) = claimed.sha256
         && !sha.trim().eq_ignore_ascii_case(id.as_str())
     {
         return Err(fail(VerifyFailure::ChecksumMismatch(format!(
@@ -365,10 +397,7 @@ pub fn store_archive(
 ) -> Result<PutReport, CheckpointError> {
     let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
     let name = id.object_name();
-    let metadata = CheckpointMetadata {
-        sha256: written.sha256.clone(),
-        size: written.size,
-    };
+    let metadata = encode_metadata(&id, written.size);
     let stored = !store.exists(&name)?
         && store.put(&name, path, &metadata, PutMode::IfAbsent, progress)? == PutOutcome::Stored;
     // Otherwise it was there, or a concurrent writer just stored it: only a good copy
@@ -449,5 +478,73 @@ fn copy_with_progress(
         writer.write_all(&buf[..n])?;
         total += n as u64;
         progress(total);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::local::LocalStore;
+
+    /// Stores `bytes` under `id` with `metadata`, as another writer could have.
+    fn planted(metadata: &[(&str, &str)]) -> (tempfile::TempDir, LocalStore, CheckpointId) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let bytes = b"some bytes";
+        let id = CheckpointId::parse(&hex::encode(Sha256::digest(bytes))).unwrap();
+        let file = dir.path().join("source");
+        std::fs::write(&file, bytes).unwrap();
+        let metadata = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        store
+            .put(
+                &id.object_name(),
+                &file,
+                &metadata,
+                PutMode::IfAbsent,
+                &|_, _| {},
+            )
+            .unwrap();
+        (dir, store, id)
+    }
+
+    fn failure(store: &LocalStore, id: &CheckpointId) -> Option<VerifyFailure> {
+        match verify(store, id) {
+            Ok(()) => None,
+            Err(CheckpointError::Verify { failure, .. }) => Some(failure),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn metadata_round_trips() {
+        let (_dir, store, id) = planted(&[]);
+        let metadata = encode_metadata(&id, 10);
+        assert_eq!(metadata["sha256"], id.as_str());
+        assert_eq!(metadata["size"], "10");
+        let claimed = decode_metadata(&metadata);
+        assert_eq!(claimed.sha256, Some(id.as_str()));
+        assert_eq!(claimed.size, Some("10"));
+        assert_eq!(failure(&store, &id), None, "no metadata: checked by bytes");
+    }
+
+    #[test]
+    fn metadata_that_disagrees_fails_before_the_download() {
+        let (_dir, store, id) = planted(&[("size", "10")]);
+        assert_eq!(failure(&store, &id), None);
+        let (_dir, store, id) = planted(&[("size", "ten")]);
+        assert_eq!(
+            failure(&store, &id),
+            Some(VerifyFailure::SizeMismatch(
+                "the size metadata says ten bytes, the object has 10".into()
+            ))
+        );
+        let (_dir, store, id) = planted(&[("sha256", &"0".repeat(64))]);
+        assert!(matches!(
+            failure(&store, &id),
+            Some(VerifyFailure::ChecksumMismatch(_))
+        ));
     }
 }

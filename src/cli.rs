@@ -151,6 +151,10 @@ pub struct MountArgs {
     /// Parts size for uploads of sealed workspaces.
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub part_size: u64,
+    /// Browse only: no staging/ and commit/, mounted `ro`, and files are opened by the
+    /// kernel without asking the daemon (faster for many small files; no passthrough).
+    #[arg(long)]
+    pub read_only: bool,
     /// Checkpoints verified and loaded at once (default: half the cores, 2 to 16);
     /// first accesses beyond it wait in order.
     #[arg(long, value_name = "N")]

@@ -3,8 +3,10 @@
 //!
 //! Data flows one way: [`cli`] → [`store`] (S3 or a local directory) → [`archive`]
 //! (tar.gz writing, indexing, extraction) → [`cache`] (verified local copies) →
-//! [`fs`] (the filesystem logic, and the thin FUSE adapter). [`checkpoint`] names
-//! checkpoints and verifies them on top of a store.
+//! [`fs`] (the filesystem logic, the thin FUSE adapter, and mounting). [`checkpoint`]
+//! names checkpoints and verifies them on top of a store. [`commands`] runs each
+//! command of the CLI on top of the library, and is the only layer that prints; no
+//! library module imports [`cli`] or [`commands`].
 
 pub mod archive;
 pub mod beneath;

@@ -1,250 +1,98 @@
-//! `ckptfs mount`: builds the filesystem, mounts it, keeps the listing fresh, and
-//! unmounts cleanly on SIGINT or SIGTERM.
+//! Mounting a [`CheckpointFs`]: the FUSE session with ckptfs's mount options, and
+//! nothing around it.
 //!
-//! Without `--foreground` the command starts itself again in the background (a
-//! fresh process, since forking a process that runs threads is unsafe), waits until
-//! that daemon says the mount is ready, and exits 0; or non-zero with the daemon's
-//! error if it could not mount.
+//! Every mount is `nosuid,nodev,default_permissions` (the kernel checks permissions
+//! against the attributes the filesystem reports), of type `fuse.ckptfs`, served by
+//! `threads` request threads each with its own cloned `/dev/fuse` descriptor. The
+//! adapter's notifier (which invalidates `commit/NAME` after a seal) is wired to the
+//! session before any request is served.
+//!
+//! What a process does around a mount (daemonising, signals, refreshing the listing,
+//! choosing directories) is the command's, in `commands/mount.rs`; this module never
+//! prints and never exits.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
-use anyhow::{Context, Result, bail};
 use fuser::{Config, MountOption, SessionACL};
 
+use super::CheckpointFs;
 use super::fuse::FuseAdapter;
-use super::{CheckpointFs, FsConfig, StagingTree};
-use crate::cache::Cache;
-use crate::cli::{Cli, MountArgs};
 
-/// Set in the daemon's environment: the file descriptor on which it reports readiness.
-const READY_FD_ENV: &str = "CKPTFS_READY_FD";
+/// How to mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// An existing directory.
+    pub mountpoint: PathBuf,
+    /// The mount's source as `mount` and `/proc/self/mountinfo` show it, such as
+    /// `ckptfs:s3://bucket/prefix`.
+    pub fsname: String,
+    /// Let other users in (needs `user_allow_other` in `/etc/fuse.conf` for non-root).
+    pub allow_other: bool,
+    /// Request threads of the session (at least one).
+    pub threads: usize,
+    /// Mounted read-only (`ro`): the kernel refuses every write itself.
+    pub read_only: bool,
+}
 
-pub fn run(cli: &Cli, args: &MountArgs) -> Result<()> {
-    if !args.foreground {
-        return spawn_daemon(args);
-    }
-    raise_open_file_limit();
-    let store = crate::commands::open_store(cli, &args.store, args.part_size)?;
-    let cache_dir = cache_dir(args)?;
-    let cache = Arc::new(
-        Cache::open(&cache_dir, args.cache_size)
-            .with_context(|| format!("cannot open cache {}", cache_dir.display()))?,
-    );
-    // SAFETY: getuid and getgid have no preconditions and cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let staging_dir = args
-        .staging_dir
-        .clone()
-        .unwrap_or_else(|| cache_dir.join("staging"));
-    let staging = StagingTree::at(&staging_dir).with_context(|| {
-        format!(
-            "cannot open the staging directory {}",
-            staging_dir.display()
-        )
-    })?;
-    let work_dir = cache_dir.join("tmp");
-    crate::cache::private_dir(&work_dir)
-        .with_context(|| format!("cannot create {}", work_dir.display()))?;
-    let fs = CheckpointFs::new(
-        store,
-        cache,
-        staging,
-        FsConfig {
-            max_archive_size: cli.max_archive_size,
-            limits: args.limits.limits(),
-            owner_override: args.owner_self.then_some((uid, gid)),
-            uid,
-            gid,
-            work_dir,
-            threads: crate::commands::compression_threads(),
-            loaders: args.loaders.unwrap_or_else(super::loader::default_loaders),
-            read_only: false,
-        },
-    );
-    fs.refresh()
-        .with_context(|| format!("cannot list {}", args.store))?;
-    spawn_refresher(Arc::downgrade(&fs), args.refresh);
+/// A mounted filesystem, not yet serving requests: [`Session::run`] serves them until
+/// the mount goes away. Dropped without running, it unmounts.
+pub struct Session {
+    session: fuser::Session<FuseAdapter>,
+}
 
+/// Unmounts a [`Session`] from another thread (a signal handler).
+pub struct Unmounter {
+    unmounter: fuser::SessionUnmounter,
+}
+
+/// Mounts `fs` on `options.mountpoint`. Fails if the mount point is missing, not a
+/// directory, or already a dead mount (the caller detaches those first).
+pub fn mount(fs: Arc<CheckpointFs>, options: &MountOptions) -> io::Result<Session> {
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName(format!("ckptfs:{}", args.store)),
+        MountOption::FSName(options.fsname.clone()),
         MountOption::Subtype("ckptfs".into()),
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::DefaultPermissions,
     ];
-    config.acl = if args.allow_other {
+    if options.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
+    config.acl = if options.allow_other {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(args.threads.max(1));
+    config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let notifier = Arc::new(OnceLock::new());
     let adapter = FuseAdapter::new(fs, Arc::clone(&notifier));
-    let mut session = fuser::Session::new(adapter, &args.mountpoint, &config)
-        .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
+    let session = fuser::Session::new(adapter, &options.mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
-    let mut unmounter = session.unmount_callable();
-    let mountpoint = args.mountpoint.clone();
-    ctrlc::set_handler(move || {
-        tracing::info!(mountpoint = %mountpoint.display(), "signal received; unmounting");
-        if let Err(e) = unmounter.unmount() {
-            tracing::error!(error = %e, "unmount failed");
-        }
-    })
-    .context("cannot install the signal handler")?;
-    tracing::info!(mountpoint = %args.mountpoint.display(), store = %args.store, "mounted");
-    report_ready();
-    session.run().context("the FUSE session failed")?;
-    tracing::info!("unmounted");
-    Ok(())
+    Ok(Session { session })
 }
 
-/// Staging holds one descriptor per inode the kernel knows (see `staging.rs`), and a
-/// workspace easily has tens of thousands: raise the limit on open files as far as
-/// allowed (the system's maximum where the daemon may raise its hard limit, else the
-/// hard limit).
-fn raise_open_file_limit() {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let current = getrlimit(Resource::Nofile);
-    let system_max = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    let raised = system_max.is_some_and(|max| {
-        let limit = Rlimit {
-            current: Some(max),
-            maximum: Some(max),
-        };
-        setrlimit(Resource::Nofile, limit).is_ok()
-    });
-    if !raised {
-        let limit = Rlimit {
-            current: current.maximum,
-            maximum: current.maximum,
-        };
-        if let Err(e) = setrlimit(Resource::Nofile, limit) {
-            tracing::warn!(error = %e, "could not raise the open file limit");
+impl Session {
+    /// A handle that unmounts this session, usable from any thread.
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter {
+            unmounter: self.session.unmount_callable(),
         }
     }
-    tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
-}
 
-/// `--cache-dir`, or `$XDG_CACHE_HOME/ckptfs`, `$HOME/.cache/ckptfs`, and for root
-/// without either `/var/cache/ckptfs`. Never a shared temporary directory, where
-/// another user could have made the directory first.
-fn cache_dir(args: &MountArgs) -> Result<PathBuf> {
-    if let Some(dir) = &args.cache_dir {
-        return Ok(dir.clone());
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| Path::new(&h).join(".cache"))
-        });
-    match base {
-        Some(base) => Ok(base.join("ckptfs")),
-        None if rustix::process::geteuid().is_root() => Ok(PathBuf::from("/var/cache/ckptfs")),
-        None => bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"),
+    /// Serves requests until the filesystem is unmounted (by [`Unmounter::unmount`],
+    /// `fusermount3 -u` or `umount`).
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
     }
 }
 
-fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
-    std::thread::Builder::new()
-        .name("ckptfs-refresh".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(every.max(Duration::from_millis(200)));
-                let Some(fs) = fs.upgrade() else { return };
-                if let Err(e) = fs.refresh() {
-                    tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");
-                }
-            }
-        })
-        .expect("spawning the refresh thread");
-}
-
-/// In the daemon: tells the waiting parent that the mount is up.
-fn report_ready() {
-    let Some(fd) = std::env::var(READY_FD_ENV)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    else {
-        return;
-    };
-    // SAFETY: the parent passed this descriptor for us alone; it is closed here once.
-    let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let _ = pipe.write_all(b"ready\n");
-}
-
-/// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
-/// report that the mount is ready.
-fn spawn_daemon(args: &MountArgs) -> Result<()> {
-    let cache_dir = cache_dir(args)?;
-    crate::cache::private_dir(&cache_dir)
-        .with_context(|| format!("cannot use the cache directory {}", cache_dir.display()))?;
-    let log_path = cache_dir.join("ckptfs.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&log_path)
-        .with_context(|| format!("cannot open the log {}", log_path.display()))?;
-    let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
-    let writer_fd = std::os::fd::AsRawFd::as_raw_fd(&writer);
-    let mut command = Command::new(std::env::current_exe().context("cannot find own executable")?);
-    command
-        .args(std::env::args_os().skip(1))
-        .arg("--foreground")
-        .env(READY_FD_ENV, writer_fd.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.try_clone()?);
-    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal
-    // session so that the shell's hang-up does not stop it. Clearing FD_CLOEXEC keeps
-    // the readiness pipe open across exec.
-    unsafe {
-        command.pre_exec(move || {
-            libc::setsid();
-            let flags = libc::fcntl(writer_fd, libc::F_GETFD);
-            libc::fcntl(writer_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-            Ok(())
-        });
+impl Unmounter {
+    /// Unmounts; a second call does nothing.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        self.unmounter.unmount()
     }
-    let mut child = command.spawn().context("cannot start the daemon")?;
-    drop(writer);
-    let mut line = String::new();
-    let _ = BufReader::new(reader).read_line(&mut line);
-    if line.trim() == "ready" {
-        eprintln!(
-            "mounted {} on {} (daemon pid {}, log {})",
-            args.store,
-            args.mountpoint.display(),
-            child.id(),
-            log_path.display()
-        );
-        return Ok(());
-    }
-    let status = child.wait().ok();
-    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let last = log_text
-        .lines()
-        .rev()
-        .find(|l| l.contains("error"))
-        .unwrap_or("see the log");
-    bail!(
-        "the mount daemon exited ({}) before the mount was ready: {last} (log: {})",
-        status.map_or("unknown status".into(), |s| s.to_string()),
-        log_path.display()
-    )
 }

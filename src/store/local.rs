@@ -1,4 +1,12 @@
-//! A local directory as a checkpoint store: `DIR/<name>` plus `DIR/<name>.meta.json`.
+//! A local directory as a store: `DIR/<name>` plus `DIR/<name>.meta.json`.
+//!
+//! The sidecar holds the object's user metadata as one JSON object, keys in order,
+//! such as `{"sha256":"0a96...","size":1234}`: a value that is a decimal number
+//! (digits without a leading zero, fitting in 64 bits) is written as a JSON number,
+//! any other as a JSON string, so sidecars of checkpoints stay what earlier versions
+//! wrote. Reading takes strings as they are and numbers as their decimal text (other
+//! JSON values as their JSON text, `null` as absent); a sidecar that is missing, not
+//! a JSON object or too large counts as no metadata.
 //!
 //! Writes are atomic: the bytes go to a temporary file in `DIR`, are fsynced, and are
 //! then hard-linked to their final name (`link` fails if the name exists, which is how
@@ -14,6 +22,7 @@
 //! planted under an object's name is refused, never followed or waited on), and a
 //! sidecar is read only up to [`MAX_SIDECAR`] bytes.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -21,8 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    CheckpointMetadata, MetadataDocument, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore,
-    Progress, PutMode, PutOutcome, StoreError,
+    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
 };
 
 pub struct LocalStore {
@@ -82,7 +90,7 @@ impl LocalStore {
         self.dir.join(format!("{name}{SIDECAR_SUFFIX}"))
     }
 
-    fn read_sidecar(&self, name: &str) -> (Option<String>, Option<String>) {
+    fn read_sidecar(&self, name: &str) -> BTreeMap<String, String> {
         let path = self.sidecar(name);
         let mut text = String::new();
         let read =
@@ -90,26 +98,20 @@ impl LocalStore {
         match read {
             Ok(n) if n as u64 > MAX_SIDECAR => {
                 tracing::warn!(path = %path.display(), "ignoring a sidecar larger than {MAX_SIDECAR} bytes");
-                return (None, None);
+                return BTreeMap::new();
             }
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return (None, None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return BTreeMap::new(),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable sidecar");
-                return (None, None);
+                return BTreeMap::new();
             }
         }
-        match serde_json::from_str::<MetadataDocument>(&text) {
-            Ok(doc) => {
-                let size = doc.size.map(|v| match v {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                });
-                (doc.sha256, size)
-            }
+        match decode_sidecar(&text) {
+            Ok(metadata) => metadata,
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable sidecar");
-                (None, None)
+                BTreeMap::new()
             }
         }
     }
@@ -205,12 +207,10 @@ impl ObjectStore for LocalStore {
             .metadata()
             .map_err(|e| StoreError::io("stat", &path, e))?
             .len();
-        let (sha256, size) = self.read_sidecar(name);
         Ok(ObjectReader {
             meta: ObjectMeta {
                 length,
-                sha256,
-                size,
+                metadata: self.read_sidecar(name),
             },
             body: Box::new(file),
         })
@@ -229,7 +229,7 @@ impl ObjectStore for LocalStore {
         &self,
         name: &str,
         path: &Path,
-        metadata: &CheckpointMetadata,
+        metadata: &BTreeMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {
@@ -237,8 +237,8 @@ impl ObjectStore for LocalStore {
         if mode == PutMode::IfAbsent && self.exists(name)? {
             return Ok(PutOutcome::AlreadyPresent);
         }
-        let doc = serde_json::json!({"sha256": metadata.sha256, "size": metadata.size});
-        let sidecar_tmp = self.temp_file(|f| f.write_all(doc.to_string().as_bytes()))?;
+        let doc = encode_sidecar(metadata);
+        let sidecar_tmp = self.temp_file(|f| f.write_all(doc.as_bytes()))?;
         let object_tmp = self.temp_file(|f| {
             let mut src = File::open(path)?;
             let copied = io::copy(&mut src, f)?;
@@ -268,5 +268,86 @@ impl ObjectStore for LocalStore {
         drop(object_tmp); // removes the temporary name; the object keeps the inode
         self.sync_dir()?;
         Ok(outcome)
+    }
+}
+
+/// The sidecar text for `metadata` (see the module header).
+fn encode_sidecar(metadata: &BTreeMap<String, String>) -> String {
+    let document: serde_json::Map<String, serde_json::Value> = metadata
+        .iter()
+        .map(|(key, value)| {
+            let number = value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| n.to_string() == *value);
+            let value = match number {
+                Some(n) => serde_json::Value::from(n),
+                None => serde_json::Value::from(value.as_str()),
+            };
+            (key.clone(), value)
+        })
+        .collect();
+    serde_json::Value::Object(document).to_string()
+}
+
+/// The metadata a sidecar's text holds (see the module header).
+fn decode_sidecar(text: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
+    let document: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
+    Ok(document
+        .into_iter()
+        .filter_map(|(key, value)| match value {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some((key, s)),
+            other => Some((key, other.to_string())),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_keep_their_format() {
+        let sha = "0a9686a94759".repeat(5) + "abcd";
+        let metadata = BTreeMap::from([
+            ("sha256".to_owned(), sha.clone()),
+            ("size".to_owned(), "1234".to_owned()),
+        ]);
+        let text = encode_sidecar(&metadata);
+        assert_eq!(text, format!(r#"{{"sha256":"{sha}","size":1234}}"#));
+        assert_eq!(decode_sidecar(&text).unwrap(), metadata);
+    }
+
+    #[test]
+    fn only_plain_decimal_numbers_become_json_numbers() {
+        let metadata = BTreeMap::from([
+            ("a".to_owned(), "007".to_owned()),
+            ("b".to_owned(), "99999999999999999999".to_owned()),
+            ("c".to_owned(), "-1".to_owned()),
+            ("d".to_owned(), "0".to_owned()),
+            ("e".to_owned(), String::new()),
+        ]);
+        let text = encode_sidecar(&metadata);
+        assert_eq!(
+            text,
+            r#"{"a":"007","b":"99999999999999999999","c":"-1","d":0,"e":""}"#
+        );
+        assert_eq!(decode_sidecar(&text).unwrap(), metadata);
+    }
+
+    #[test]
+    fn sidecar_values_of_other_kinds_are_read_as_text() {
+        let read = decode_sidecar(r#"{"sha256":null,"size":true,"n":1.5,"s":"x"}"#).unwrap();
+        assert_eq!(
+            read,
+            BTreeMap::from([
+                ("n".to_owned(), "1.5".to_owned()),
+                ("s".to_owned(), "x".to_owned()),
+                ("size".to_owned(), "true".to_owned()),
+            ])
+        );
+        assert!(decode_sidecar("[1, 2]").is_err());
+        assert!(decode_sidecar("not json").is_err());
     }
 }

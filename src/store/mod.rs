@@ -1,9 +1,13 @@
-//! The object store: the flat namespace of checkpoint objects under one prefix.
+//! The object store: a flat namespace of immutable objects under one prefix, each
+//! with a few string pairs of user metadata.
 //!
-//! This module owns the [`ObjectStore`] trait and its error type. Two implementations
-//! exist: [`s3::S3Store`] (the only file that touches aws-sdk-s3) and
-//! [`local::LocalStore`] (a directory with `.meta.json` sidecars). Callers speak in
-//! object *names* (`<sha256>.tar.gz`); the store adds its prefix.
+//! This module owns the [`ObjectStore`] trait, its error type, and [`StoreConfig`]
+//! (which store a `STORE` argument names, parsed once; [`open`] turns it into a
+//! store). Two implementations exist: [`s3::S3Store`] (the only file that touches
+//! aws-sdk-s3) and [`local::LocalStore`] (a directory with `.meta.json` sidecars).
+//! Callers speak in object *names*; the store adds its prefix. The store knows
+//! nothing of checkpoints: what the names and the metadata mean is
+//! [`crate::checkpoint`]'s business.
 //!
 //! Invariants every implementation keeps:
 //! - `list` never downloads or HEADs individual objects;
@@ -13,11 +17,13 @@
 //!   [`PutOutcome::AlreadyPresent`]. Whether that object is good is the caller's to
 //!   check (names are digests, but an object can be damaged or planted);
 //!   [`PutMode::Overwrite`] replaces one that was found bad, atomically;
-//! - uploads carry the SHA-256 of what is sent, for the server to check.
+//! - uploads carry the SHA-256 of what is sent, for the server to check;
+//! - the metadata given to `put` comes back from `get` as it was given.
 
 pub mod local;
 pub mod s3;
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,23 +43,15 @@ pub struct ObjectInfo {
 pub struct ObjectMeta {
     /// The length the store announces for the object.
     pub length: u64,
-    /// The `sha256` user metadata, if the writer set it.
-    pub sha256: Option<String>,
-    /// The `size` user metadata, verbatim, if the writer set it.
-    pub size: Option<String>,
+    /// The user metadata as the store has it (whoever wrote the object set it; it is
+    /// not checked against anything here).
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// An object being downloaded: its metadata and a stream of its bytes.
 pub struct ObjectReader {
     pub meta: ObjectMeta,
     pub body: Box<dyn Read + Send>,
-}
-
-/// The user metadata written with every checkpoint object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointMetadata {
-    pub sha256: String,
-    pub size: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,62 +117,131 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
 
-    /// Stores the file at `path` as `name` with `metadata`; with
-    /// [`PutMode::IfAbsent`], only if `name` does not exist.
+    /// Stores the file at `path` as `name` with the user metadata `metadata`; with
+    /// [`PutMode::IfAbsent`], only if `name` does not exist. The file must not change
+    /// while it is stored.
     fn put(
         &self,
         name: &str,
         path: &Path,
-        metadata: &CheckpointMetadata,
+        metadata: &BTreeMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError>;
 }
 
-/// Options for stores that talk to S3.
-#[derive(Debug, Clone)]
-pub struct S3Options {
-    /// Overrides the endpoint (MinIO, R2, a local test server); implies path-style addressing.
-    pub endpoint_url: Option<String>,
-    /// Objects larger than this go up in parts of this size.
-    pub part_size: u64,
+/// The part size of multipart uploads when the caller has no say (reading commands).
+pub const DEFAULT_PART_SIZE: u64 = 64 * 1024 * 1024;
+
+/// Which store a `STORE` argument names, and how to reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    S3 {
+        bucket: String,
+        /// As given after the bucket (the store trims its slashes).
+        prefix: String,
+        /// Overrides the endpoint (MinIO, R2, a local test server); implies path-style
+        /// addressing. `None` falls back to `AWS_ENDPOINT_URL`, then to AWS.
+        endpoint_url: Option<String>,
+        /// Objects larger than this go up in parts of this size.
+        part_size: u64,
+    },
+    Local {
+        dir: PathBuf,
+    },
 }
 
-impl Default for S3Options {
-    fn default() -> Self {
-        S3Options {
-            endpoint_url: None,
-            part_size: 64 * 1024 * 1024,
-        }
-    }
-}
-
-/// Opens `s3://BUCKET/PREFIX` or a local directory path.
-pub fn open(url: &str, options: &S3Options) -> Result<Arc<dyn ObjectStore>, StoreError> {
-    if let Some(rest) = url.strip_prefix("s3://") {
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(StoreError::InvalidUrl {
+impl StoreConfig {
+    /// Parses `s3://BUCKET/PREFIX` or a local directory path. `endpoint_url` and
+    /// `part_size` apply to S3 only.
+    pub fn parse(
+        url: &str,
+        endpoint_url: Option<String>,
+        part_size: u64,
+    ) -> Result<StoreConfig, StoreError> {
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(StoreError::InvalidUrl {
+                    url: url.to_owned(),
+                    reason: "the bucket name is empty".into(),
+                });
+            }
+            Ok(StoreConfig::S3 {
+                bucket: bucket.to_owned(),
+                prefix: prefix.to_owned(),
+                endpoint_url,
+                part_size,
+            })
+        } else if url.contains("://") {
+            Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
-                reason: "the bucket name is empty".into(),
-            });
+                reason: "only s3:// URLs and local directory paths are supported".into(),
+            })
+        } else {
+            Ok(StoreConfig::Local {
+                dir: PathBuf::from(url),
+            })
         }
-        Ok(Arc::new(s3::S3Store::new(bucket, prefix, options)?))
-    } else if url.contains("://") {
-        Err(StoreError::InvalidUrl {
-            url: url.to_owned(),
-            reason: "only s3:// URLs and local directory paths are supported".into(),
-        })
-    } else {
-        Ok(Arc::new(local::LocalStore::open(Path::new(url))?))
     }
 }
 
-/// The `{"sha256": ..., "size": ...}` document of the local store's sidecar.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct MetadataDocument {
-    #[serde(default)]
-    pub sha256: Option<String>,
-    #[serde(default)]
-    pub size: Option<serde_json::Value>,
+/// Opens the store `config` names. A local store directory must exist.
+pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    match config {
+        StoreConfig::S3 {
+            bucket,
+            prefix,
+            endpoint_url,
+            part_size,
+        } => Ok(Arc::new(s3::S3Store::new(
+            bucket,
+            prefix,
+            endpoint_url.as_deref(),
+            *part_size,
+        )?)),
+        StoreConfig::Local { dir } => Ok(Arc::new(local::LocalStore::open(dir)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls() {
+        assert_eq!(
+            StoreConfig::parse("s3://bucket/a/b/", Some("http://h".into()), 5 << 20).unwrap(),
+            StoreConfig::S3 {
+                bucket: "bucket".into(),
+                prefix: "a/b/".into(),
+                endpoint_url: Some("http://h".into()),
+                part_size: 5 << 20,
+            }
+        );
+        assert_eq!(
+            StoreConfig::parse("s3://bucket", None, DEFAULT_PART_SIZE).unwrap(),
+            StoreConfig::S3 {
+                bucket: "bucket".into(),
+                prefix: String::new(),
+                endpoint_url: None,
+                part_size: DEFAULT_PART_SIZE,
+            }
+        );
+        assert_eq!(
+            StoreConfig::parse("./store", None, DEFAULT_PART_SIZE).unwrap(),
+            StoreConfig::Local {
+                dir: PathBuf::from("./store")
+            }
+        );
+        for bad in ["s3://", "s3:///prefix", "http://host/x", "gs://b/p"] {
+            assert!(
+                matches!(
+                    StoreConfig::parse(bad, None, DEFAULT_PART_SIZE),
+                    Err(StoreError::InvalidUrl { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
 }

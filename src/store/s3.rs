@@ -5,9 +5,11 @@
 //! `AWS_ENDPOINT_URL`) switches to path-style addressing, which MinIO, R2 and local
 //! test servers expect. Request checksums are only sent when an operation requires
 //! them, because several S3-compatible servers reject the newer trailing checksums.
-//! Uploads carry a precomputed `x-amz-checksum-sha256` header instead (of the whole
-//! object, or of each part), which the server checks against the bytes it receives:
-//! a transfer damaged on the way is refused (BadDigest) rather than stored.
+//! Uploads carry an `x-amz-checksum-sha256` header instead, computed here from the
+//! file being sent (of the whole object, or of each part), which the server checks
+//! against the bytes it receives: a transfer damaged on the way is refused
+//! (BadDigest) rather than stored. The user metadata of `put` is the object's S3 user
+//! metadata (`x-amz-meta-*`), and `get` hands back what S3 returns.
 //!
 //! The trait is blocking; this store owns a small tokio runtime and blocks on it, so it
 //! must not be called from inside another tokio runtime.
@@ -16,7 +18,7 @@
 //! checkpoint makes ours answer 412, which means the object is already there.
 //! A multipart upload that fails for any reason is aborted before the error returns.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 use std::path::Path;
 use std::time::SystemTime;
@@ -33,8 +35,7 @@ use bytes::{Buf, Bytes};
 use tokio::runtime::Runtime;
 
 use super::{
-    CheckpointMetadata, ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode,
-    PutOutcome, S3Options, StoreError,
+    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
 };
 
 /// S3 rejects parts smaller than this (except the last one).
@@ -52,16 +53,23 @@ pub struct S3Store {
 }
 
 impl S3Store {
-    pub fn new(bucket: &str, prefix: &str, options: &S3Options) -> Result<Self, StoreError> {
+    /// A store for `s3://bucket/prefix`. `endpoint_url` overrides the endpoint (else
+    /// `AWS_ENDPOINT_URL`, else AWS); objects larger than `part_size` (at least
+    /// [`MIN_PART_SIZE`]) go up as multipart uploads in parts of that size.
+    pub fn new(
+        bucket: &str,
+        prefix: &str,
+        endpoint_url: Option<&str>,
+        part_size: u64,
+    ) -> Result<Self, StoreError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("ckptfs-s3")
             .enable_all()
             .build()
             .map_err(|e| StoreError::io("start runtime for", Path::new("s3"), e))?;
-        let endpoint = options
-            .endpoint_url
-            .clone()
+        let endpoint = endpoint_url
+            .map(str::to_owned)
             .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
             .filter(|e| !e.is_empty())
             .map(|e| without_userinfo(&e));
@@ -97,7 +105,7 @@ impl S3Store {
             } else {
                 format!("{prefix}/")
             },
-            part_size: options.part_size.max(MIN_PART_SIZE),
+            part_size: part_size.max(MIN_PART_SIZE),
         })
     }
 
@@ -120,13 +128,19 @@ impl S3Store {
         &self,
         name: &str,
         path: &Path,
+        size: u64,
         metadata: &HashMap<String, String>,
-        sha256_hex: &str,
         mode: PutMode,
     ) -> Result<PutOutcome, StoreError> {
-        let checksum = hex::decode(sha256_hex)
-            .map(aws_smithy_types::base64::encode)
-            .map_err(|e| StoreError::io("hash", path, io::Error::other(e)))?;
+        // Hashed here, from the bytes about to be sent (not from what a caller says).
+        let checksum = {
+            let owned = path.to_owned();
+            tokio::task::spawn_blocking(move || sha256_base64_of_range(&owned, 0, size))
+                .await
+                .map_err(io::Error::other)
+                .and_then(|r| r)
+                .map_err(|e| StoreError::io("read", path, e))?
+        };
         let body = ByteStream::from_path(path)
             .await
             .map_err(|e| StoreError::io("read", path, io::Error::other(e)))?;
@@ -456,11 +470,12 @@ impl ObjectStore for S3Store {
             }
             Err(e) => return Err(self.remote_error("GetObject", name, &e)),
         };
-        let metadata = response.metadata();
         let meta = ObjectMeta {
             length: response.content_length().unwrap_or(0).max(0) as u64,
-            sha256: metadata.and_then(|m| m.get("sha256")).cloned(),
-            size: metadata.and_then(|m| m.get("size")).cloned(),
+            metadata: response
+                .metadata()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
         };
         Ok(ObjectReader {
             meta,
@@ -480,23 +495,26 @@ impl ObjectStore for S3Store {
         &self,
         name: &str,
         path: &Path,
-        metadata: &CheckpointMetadata,
+        metadata: &BTreeMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {
-        let user_metadata = HashMap::from([
-            ("sha256".to_owned(), metadata.sha256.clone()),
-            ("size".to_owned(), metadata.size.to_string()),
-        ]);
+        let size = std::fs::metadata(path)
+            .map_err(|e| StoreError::io("stat", path, e))?
+            .len();
+        let user_metadata: HashMap<String, String> = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         self.runtime.block_on(async {
-            if metadata.size > self.part_size {
-                self.put_multipart(name, path, metadata.size, &user_metadata, mode, progress)
+            if size > self.part_size {
+                self.put_multipart(name, path, size, &user_metadata, mode, progress)
                     .await
             } else {
                 let outcome = self
-                    .put_single(name, path, &user_metadata, &metadata.sha256, mode)
+                    .put_single(name, path, size, &user_metadata, mode)
                     .await?;
-                progress(metadata.size, metadata.size);
+                progress(size, size);
                 Ok(outcome)
             }
         })

@@ -1,5 +1,6 @@
 //! Starting and stopping: daemon mode returns once the mount is ready, SIGTERM
-//! unmounts, and a mount that cannot happen fails with a one-line error.
+//! unmounts, a restart detaches the dead mount a killed daemon left, and a mount that
+//! cannot happen fails with a one-line error.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -99,6 +100,64 @@ fn sigterm_unmounts_and_exits_cleanly() {
     assert!(mount.join(&sha).join("note.txt").is_file());
     let status = mount.terminate();
     assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[test]
+fn a_restart_detaches_the_dead_mount_of_a_killed_daemon() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("restart-");
+    make_small_tree(&work.path().join("src"), "restart");
+    let (sha, _) = store.put(&work.path().join("src"), &[]);
+    let killed = Mount::new(&store).start();
+    assert!(killed.join(&sha).join("note.txt").is_file());
+    let mnt = killed.path().to_owned();
+
+    let pid = killed.pid();
+    // SAFETY: kill has no memory-safety preconditions; the pid is the test's child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_gone(pid) {
+        assert!(Instant::now() < deadline, "the daemon survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(mount_entry(&mnt).is_some(), "the dead mount stays behind");
+    let err = fs::read_dir(&mnt).expect_err("a dead mount cannot be listed");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    let out = run(Command::new("ls").arg(&mnt)).failure();
+    assert!(
+        out.stderr.contains("Transport endpoint is not connected"),
+        "{out}"
+    );
+
+    // The same command again, on the same mount point and cache.
+    let restarted = Mount::new(&store)
+        .mountpoint(&mnt)
+        .cache_dir(killed.cache_dir())
+        .start();
+    let note = fs::read(restarted.join(&sha).join("note.txt")).unwrap_or_else(|e| {
+        panic!(
+            "read through the new mount: {e}; log:\n{}",
+            restarted.log_text()
+        )
+    });
+    assert_eq!(note, b"checkpoint restart\n");
+    let names: Vec<_> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.contains(&sha), "{names:?}");
+    let log = restarted.log_text();
+    assert!(
+        log.contains("dead FUSE mount") && log.contains("detached the dead mount"),
+        "the daemon says it detached the dead mount; log:\n{log}"
+    );
+    let status = restarted.unmount();
+    assert!(status.success(), "exit status after unmount: {status}");
+    assert!(
+        mount_entry(&mnt).is_none(),
+        "nothing stays mounted on {}",
+        mnt.display()
+    );
 }
 
 #[test]

@@ -36,6 +36,7 @@ pub fn repo_temp_dir(prefix: &str) -> TempDir {
 /// What to mount, and how.
 pub struct Mount {
     store_url: String,
+    mountpoint: Option<PathBuf>,
     cache_dir: Option<PathBuf>,
     staging: bool,
     endpoint: Option<String>,
@@ -47,12 +48,21 @@ impl Mount {
     pub fn new(store: &TestStore) -> Self {
         Mount {
             store_url: store.url(),
+            mountpoint: None,
             cache_dir: None,
             staging: false,
             endpoint: None,
             open_file_limit: None,
             args: Vec::new(),
         }
+    }
+
+    /// Mounts on this existing mount point (kept by the caller, e.g. the dead mount
+    /// of a killed daemon) instead of a fresh `WORK/mnt`; [`Mount::start`] then waits
+    /// until the mount point answers, not only until it shows as a mount.
+    pub fn mountpoint(mut self, dir: &Path) -> Self {
+        self.mountpoint = Some(dir.to_owned());
+        self
     }
 
     /// Uses this cache dir (kept by the caller, e.g. across a restart) instead of a
@@ -109,8 +119,12 @@ impl Mount {
         let work = repo_temp_dir("mount-");
         // Canonical, as /proc/self/mountinfo shows it.
         let work_path = fs::canonicalize(work.path()).expect("canonical temp dir");
-        let mountpoint = work_path.join("mnt");
-        fs::create_dir(&mountpoint).expect("create mount point");
+        let reused_mountpoint = self.mountpoint.is_some();
+        let mountpoint = self.mountpoint.unwrap_or_else(|| {
+            let mountpoint = work_path.join("mnt");
+            fs::create_dir(&mountpoint).expect("create mount point");
+            mountpoint
+        });
         let cache_dir = self.cache_dir.unwrap_or_else(|| work_path.join("cache"));
         let staging_dir = self.staging.then(|| work_path.join("staging"));
         let log = work_path.join("mount.log");
@@ -160,7 +174,7 @@ impl Mount {
             child: Some(child),
             _work: work,
         };
-        mounted.wait_mounted();
+        mounted.wait_mounted(reused_mountpoint);
         mounted
     }
 }
@@ -194,6 +208,12 @@ impl MountedStore {
     /// `MNT/commit/NAME`.
     pub fn committed(&self, name: &str) -> PathBuf {
         self.mountpoint.join("commit").join(name)
+    }
+
+    /// The daemon's process id.
+    #[track_caller]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
     }
 
     /// The mount's `--cache-dir` (sealed archives are written in its `tmp/`).
@@ -295,11 +315,18 @@ impl MountedStore {
         }
     }
 
+    /// Waits until the mount shows in mountinfo; with `answering`, also until the
+    /// mount point answers `statfs` (a dead mount there shows in mountinfo too, and a
+    /// `stat` of it may answer from the kernel's attribute cache). The probe comes
+    /// first: once it succeeds the dead mount is gone, so a mount shown after it is
+    /// the new one.
     #[track_caller]
-    fn wait_mounted(&mut self) {
+    fn wait_mounted(&mut self, answering: bool) {
         let deadline = Instant::now() + MOUNT_TIMEOUT;
         loop {
-            if mount_entry(&self.mountpoint).is_some() {
+            if (!answering || answers_statfs(&self.mountpoint))
+                && mount_entry(&self.mountpoint).is_some()
+            {
                 return;
             }
             let child = self.child.as_mut().expect("daemon running");
@@ -404,6 +431,17 @@ fn strip_ansi(text: &str) -> String {
         }
     }
     out
+}
+
+/// Whether `statfs(path)` succeeds; on a FUSE mount the kernel always asks the daemon.
+fn answers_statfs(path: &Path) -> bool {
+    let path = crate::util::sys::c_path(path);
+    // SAFETY: `path` is NUL-terminated and `buf` is a writable statfs, both live
+    // across the call.
+    unsafe {
+        let mut buf: libc::statfs = std::mem::zeroed();
+        libc::statfs(path.as_ptr(), &mut buf) == 0
+    }
 }
 
 fn fusermount(flags: &[&str], mountpoint: &Path) -> bool {

@@ -85,7 +85,7 @@ impl ObjectStore for FaultyStore {
         &self,
         name: &str,
         path: &Path,
-        metadata: &crate::store::CheckpointMetadata,
+        metadata: &std::collections::BTreeMap<String, String>,
         mode: PutMode,
         progress: crate::store::Progress<'_>,
     ) -> Result<PutOutcome, StoreError> {

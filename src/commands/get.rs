@@ -1,0 +1,48 @@
+//! `ckptfs get STORE SHA256 DEST`: downloads a checkpoint, verifies it, and only then
+//! restores it into DEST (new or empty).
+
+use anyhow::{Context, Result};
+
+use super::{bar, open_store, temp_dir};
+use crate::checkpoint::{self, GetOptions};
+use crate::cli::{Cli, GetArgs};
+use crate::store::DEFAULT_PART_SIZE;
+
+pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
+    let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
+    let id = checkpoint::resolve(store.as_ref(), &args.sha256)?;
+    let download = bar(0, "downloading");
+    let summary = checkpoint::get(
+        store.as_ref(),
+        &id,
+        &args.dest,
+        &GetOptions {
+            max_archive_size: cli.max_archive_size,
+            limits: args.limits.limits(),
+            temp_dir: &temp_dir(&args.temp_dir),
+        },
+        &|done, total| {
+            download.set_length(total);
+            download.set_position(done)
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot restore checkpoint {id} into {}",
+            args.dest.display()
+        )
+    })?;
+    download.finish_and_clear();
+    eprintln!(
+        "restored checkpoint {id} into {}: {} entries, {} bytes{}",
+        args.dest.display(),
+        summary.entries,
+        summary.bytes,
+        if summary.skipped > 0 {
+            format!(", {} skipped (devices, FIFOs)", summary.skipped)
+        } else {
+            String::new()
+        }
+    );
+    Ok(0)
+}

@@ -1,0 +1,78 @@
+//! The commands behind the CLI, one file each: [`put`], [`get`], [`verify`], [`ls`]
+//! and [`mount`] (the daemon). This is the glue between arguments, the library and
+//! the terminal, and the one layer (with `main.rs`) that uses `anyhow` and prints:
+//! results on stdout, progress bars and notes on stderr.
+//!
+//! Everything a process does around the library is here too: opening the store a
+//! `STORE` argument names, progress bars on a terminal, and for the mount
+//! daemonising, signals, the refresh thread and the choice of directories. No
+//! library module calls back into this one.
+
+mod get;
+mod ls;
+mod mount;
+mod put;
+mod verify;
+
+use std::io::{self, IsTerminal};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::{Cli, Command};
+use crate::store::{self, ObjectStore, StoreConfig};
+
+/// Runs one command. Returns the process exit code for outcomes that are not errors
+/// of the command itself (a failed verification).
+pub fn run(cli: Cli) -> Result<i32> {
+    match &cli.command {
+        Command::Put(args) => put::run(&cli, args),
+        Command::Get(args) => get::run(&cli, args),
+        Command::Verify(args) => verify::run(&cli, args),
+        Command::Ls(args) => ls::run(&cli, args),
+        Command::Mount(args) => mount::run(&cli, args),
+    }
+}
+
+/// What the `STORE` argument `url` names, with the global `--endpoint-url`.
+fn store_config(cli: &Cli, url: &str, part_size: u64) -> Result<StoreConfig> {
+    StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)
+        .with_context(|| format!("cannot open store {url}"))
+}
+
+/// Opens the store the `STORE` argument `url` names.
+fn open_store(cli: &Cli, url: &str, part_size: u64) -> Result<Arc<dyn ObjectStore>> {
+    open_config(&store_config(cli, url, part_size)?, url)
+}
+
+fn open_config(config: &StoreConfig, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    store::open(config).with_context(|| format!("cannot open store {url}"))
+}
+
+/// A progress bar of bytes on stderr, or a hidden one when stderr is not a terminal.
+fn bar(len: u64, message: &'static str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len).with_message(message);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>11} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid progress template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// `--temp-dir`, or the system's temporary directory.
+fn temp_dir(given: &Option<PathBuf>) -> PathBuf {
+    given.clone().unwrap_or_else(std::env::temp_dir)
+}
+
+/// Threads for compressing archives: one per core.
+fn compression_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

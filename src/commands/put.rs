@@ -1,0 +1,58 @@
+//! `ckptfs put STORE DIR`: captures a directory as a checkpoint; prints
+//! `<sha256> <size>` on stdout and what happened in the store on stderr.
+
+use anyhow::{Context, Result, bail};
+
+use super::{bar, compression_threads, open_config, store_config, temp_dir};
+use crate::checkpoint::{self, PutOptions, StoreOutcome};
+use crate::cli::{Cli, PutArgs};
+use crate::store::{self, StoreConfig};
+
+pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
+    if args.part_size < store::s3::MIN_PART_SIZE {
+        bail!("--part-size must be at least 5MiB (S3's smallest part)");
+    }
+    let config = store_config(cli, &args.store, args.part_size)?;
+    // The one command that may start a local store.
+    if let StoreConfig::Local { dir } = &config
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the store directory {}", args.store))?;
+        eprintln!("created the store directory {}", args.store);
+    }
+    let store = open_config(&config, &args.store)?;
+    let upload = bar(0, "uploading");
+    let report = checkpoint::put(
+        store.as_ref(),
+        &args.dir,
+        &PutOptions {
+            max_archive_size: cli.max_archive_size,
+            temp_dir: &temp_dir(&args.temp_dir),
+            threads: compression_threads(),
+        },
+        &|done, total| {
+            upload.set_length(total);
+            upload.set_position(done)
+        },
+    )
+    .with_context(|| format!("cannot capture {}", args.dir.display()))?;
+    upload.finish_and_clear();
+    println!("{} {}", report.id, report.size);
+    match report.outcome {
+        StoreOutcome::AlreadyPresent => eprintln!(
+            "checkpoint {} already present in {} (verified); nothing uploaded",
+            report.id,
+            store.describe()
+        ),
+        StoreOutcome::Stored => {
+            eprintln!("stored checkpoint {} in {}", report.id, store.describe())
+        }
+        StoreOutcome::Replaced { reason } => eprintln!(
+            "stored checkpoint {} in {}, replacing a damaged copy ({reason})",
+            report.id,
+            store.describe()
+        ),
+    }
+    Ok(0)
+}
