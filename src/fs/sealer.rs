@@ -13,6 +13,12 @@
 //! it was, and the store's put guarantees leave no partial object behind. The work
 //! runs on a thread of its own, one per seal in progress (the kernel's rename lock
 //! lets one seal run per mount at a time); FUSE request threads keep answering.
+//!
+//! A daemon killed in the middle of an upload cannot abort it. So every upload is
+//! first recorded in a journal (`<work dir>/uploads/<object name>`), and removed when
+//! it ends either way; a sealer starting on the same cache directory (one daemon per
+//! cache directory) abandons the uploads a killed predecessor left, and deletes its
+//! unfinished archives.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
@@ -88,7 +94,7 @@ impl Sealer {
         loader: Arc<Loader>,
         config: SealerConfig,
     ) -> Self {
-        Sealer {
+        let sealer = Sealer {
             staging,
             store,
             cache,
@@ -96,6 +102,43 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
+        };
+        sealer.recover();
+        sealer
+    }
+
+    fn journal(&self) -> PathBuf {
+        self.config.work_dir.join("uploads")
+    }
+
+    /// Cleans up after a daemon that was killed while sealing: its uploads still in
+    /// the journal are abandoned in the store, its unfinished archives deleted.
+    fn recover(&self) {
+        if let Ok(entries) = std::fs::read_dir(&self.config.work_dir) {
+            for entry in entries.flatten() {
+                if entry
+                    .file_name()
+                    .as_encoded_bytes()
+                    .starts_with(b".ckptfs-put-")
+                {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(self.journal()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            match self.store.abort_uploads(&name) {
+                Ok(n) => {
+                    tracing::info!(object = %name, aborted = n, "cleaned up an upload a killed daemon left");
+                    let _ = std::fs::remove_file(entry.path());
+                }
+                Err(e) => {
+                    tracing::warn!(object = %name, error = %e, "could not clean up an interrupted upload; will try again at the next start")
+                }
+            }
         }
     }
 
@@ -210,9 +253,17 @@ impl Sealer {
         drop(tar_copy);
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;
-        let report =
-            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {})
-                .map_err(seal_error)?;
+        let object = CheckpointId::parse(&written.sha256)
+            .expect("a sha256 is an id")
+            .object_name();
+        let journal = self.journal().join(&object);
+        crate::cache::private_dir(&self.journal())
+            .and_then(|()| std::fs::write(&journal, b"").map_err(crate::cache::io_err(&journal)))
+            .map_err(|e| FsError::Store(format!("cannot record the upload: {e}")))?;
+        let stored =
+            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {});
+        let _ = std::fs::remove_file(&journal);
+        let report = stored.map_err(seal_error)?;
         let info = CheckpointInfo {
             id: report.id.clone(),
             size: report.size,

@@ -128,6 +128,13 @@ pub trait ObjectStore: Send + Sync {
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError>;
+
+    /// Abandons every unfinished upload of `name` (a multipart upload whose writer
+    /// was killed before it could abort it); returns how many there were. Stores
+    /// whose puts leave nothing behind when interrupted have none.
+    fn abort_uploads(&self, _name: &str) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
 
 /// The part size of multipart uploads when the caller has no say (reading commands).

@@ -491,6 +491,30 @@ impl ObjectStore for S3Store {
         self.runtime.block_on(self.exists_async(name))
     }
 
+    fn abort_uploads(&self, name: &str) -> Result<usize, StoreError> {
+        let key = self.key(name);
+        self.runtime.block_on(async {
+            let listed = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(&key)
+                .send()
+                .await
+                .map_err(|e| self.remote_error("ListMultipartUploads", name, &e))?;
+            let mut aborted = 0;
+            for upload in listed.uploads() {
+                if let (Some(k), Some(id)) = (upload.key(), upload.upload_id())
+                    && k == key
+                {
+                    self.abort_upload(k, id).await;
+                    aborted += 1;
+                }
+            }
+            Ok(aborted)
+        })
+    }
+
     fn put(
         &self,
         name: &str,

@@ -11,6 +11,7 @@
 
 mod cache;
 mod concurrency;
+mod crashes;
 mod faults;
 mod fidelity;
 mod gate;

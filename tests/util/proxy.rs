@@ -289,6 +289,12 @@ pub enum Fault {
     Stall,
     /// Forward responses at about this many bytes per second.
     Slow(u64),
+    /// Hold what clients send, once a connection has sent this many bytes: an
+    /// upload stalled part-way.
+    StallUploads(u64),
+    /// Forward uploads (PUT, POST), then hold the server's answer to them: the
+    /// object is stored, the client does not know yet.
+    HoldUploadAnswers,
 }
 
 /// A proxy whose fault the test changes while clients use it.
@@ -353,6 +359,11 @@ fn serve_faulty(mut connection: Connection, fault: &Arc<Mutex<Fault>>, faulted: 
         Fault::Status(code) => answer_with_status(&mut connection.client, code, faulted),
         _ => {
             let (fault, faulted) = (Arc::clone(fault), Arc::clone(faulted));
+            let (up_fault, up_faulted) = (Arc::clone(&fault), Arc::clone(&faulted));
+            // Whether the request in flight on this connection is an upload.
+            let uploading = Arc::new(AtomicBool::new(false));
+            let up_uploading = Arc::clone(&uploading);
+            let mut sent_up: u64 = 0;
             connection.relay(
                 move |server_read, client_write| {
                     let mut sent: u64 = 0;
@@ -366,6 +377,10 @@ fn serve_faulty(mut connection: Connection, fault: &Arc<Mutex<Fault>>, faulted: 
                         loop {
                             let now = *fault.lock().unwrap();
                             match now {
+                                Fault::HoldUploadAnswers if uploading.load(Ordering::SeqCst) => {
+                                    std::thread::sleep(std::time::Duration::from_millis(20));
+                                    continue;
+                                }
                                 Fault::CutAfter(limit) if sent + chunk.len() as u64 > limit => {
                                     let keep = limit.saturating_sub(sent) as usize;
                                     let _ = client_write.write_all(&chunk[..keep]);
@@ -401,7 +416,25 @@ fn serve_faulty(mut connection: Connection, fault: &Arc<Mutex<Fault>>, faulted: 
                         }
                     }
                 },
-                |_| true,
+                move |chunk| {
+                    if METHODS.iter().any(|m| chunk.starts_with(m)) {
+                        let upload = chunk.starts_with(b"PUT ") || chunk.starts_with(b"POST ");
+                        up_uploading.store(upload, Ordering::SeqCst);
+                        if upload && *up_fault.lock().unwrap() == Fault::HoldUploadAnswers {
+                            up_faulted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    sent_up += chunk.len() as u64;
+                    loop {
+                        match *up_fault.lock().unwrap() {
+                            Fault::StallUploads(limit) if sent_up > limit => {
+                                up_faulted.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(std::time::Duration::from_millis(20));
+                            }
+                            _ => return true,
+                        }
+                    }
+                },
             );
         }
     }
