@@ -5,81 +5,24 @@
 //! loader's thread, as seal replies are sent from the seal's thread. Errors are
 //! logged once here, with the errno sent.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::inode;
 use super::metrics::Op;
-use super::{
-    Attr, Caller, CheckpointFs, Entry, FileKind, FsError, Opened, Reading, SetAttr, SetTime,
-};
-
-/// Passthrough backing files in use. The kernel takes one backing file per inode:
-/// a second open of an inode must reuse the first one's id (a different one makes
-/// the open fail with EIO), so ids are shared and counted per inode.
-#[derive(Default)]
-struct BackingTable {
-    by_inode: HashMap<u64, (BackingId, usize)>,
-    /// Which inode each passthrough handle belongs to.
-    by_handle: HashMap<u64, u64>,
-}
-
-impl BackingTable {
-    /// Makes `ino` have a backing id for handle `fh`, reusing the inode's or
-    /// registering one; false if the kernel refused it.
-    fn acquire(
-        &mut self,
-        ino: u64,
-        fh: u64,
-        register: impl FnOnce() -> std::io::Result<BackingId>,
-    ) -> bool {
-        if let Some((_, count)) = self.by_inode.get_mut(&ino) {
-            *count += 1;
-        } else {
-            match register() {
-                Ok(id) => {
-                    self.by_inode.insert(ino, (id, 1));
-                }
-                Err(e) => {
-                    tracing::debug!(ino, error = %e, "passthrough refused; serving this file in user space");
-                    return false;
-                }
-            }
-        }
-        self.by_handle.insert(fh, ino);
-        true
-    }
-
-    fn id(&self, ino: u64) -> &BackingId {
-        &self.by_inode[&ino].0
-    }
-
-    fn release(&mut self, fh: u64) {
-        if let Some(ino) = self.by_handle.remove(&fh)
-            && let Some((_, count)) = self.by_inode.get_mut(&ino)
-        {
-            *count -= 1;
-            if *count == 0 {
-                self.by_inode.remove(&ino);
-            }
-        }
-    }
-}
-
-type Backing = Arc<Mutex<BackingTable>>;
+use super::passthrough::{Backing, BackingTable, OpenAs, open_as};
+use super::{Attr, Caller, CheckpointFs, Entry, FileKind, FsError, Reading, SetAttr, SetTime};
 
 pub struct FuseAdapter {
     fs: Arc<CheckpointFs>,
@@ -89,13 +32,6 @@ pub struct FuseAdapter {
     backing: Backing,
     /// Set once the session exists; used to drop stale kernel entries after a seal.
     notifier: Arc<OnceLock<Notifier>>,
-}
-
-/// How an open is answered: through the inode's passthrough backing file, or
-/// served in user space with these flags.
-enum OpenAs<'a> {
-    Passthrough(MutexGuard<'a, BackingTable>),
-    Served(FopenFlags),
 }
 
 impl FuseAdapter {
@@ -120,34 +56,6 @@ impl FuseAdapter {
             Err(e) => reply.error(errno(op, parent, &e)),
         }
     }
-}
-
-/// The passthrough handshake, the same for `open` and `create`: the kernel takes a
-/// backing file for the inode when it can (one id per inode, see [`BackingTable`]).
-fn open_as<'a>(
-    passthrough: bool,
-    backing: &'a Backing,
-    ino: u64,
-    opened: &Opened,
-    register: impl FnOnce(&File) -> std::io::Result<BackingId>,
-) -> OpenAs<'a> {
-    let mut flags = FopenFlags::empty();
-    if opened.keep_cache {
-        flags |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
-    if opened.direct_io {
-        flags |= FopenFlags::FOPEN_DIRECT_IO;
-    }
-    let Some(file) = opened.backing.as_ref().filter(|_| passthrough) else {
-        return OpenAs::Served(flags);
-    };
-    let mut table = backing.lock().expect("backing lock");
-    if table.acquire(ino, opened.fh, || register(file)) {
-        return OpenAs::Passthrough(table);
-    }
-    // Direct I/O may coexist with passthrough opens of the same inode; cached I/O
-    // may not.
-    OpenAs::Served(flags | FopenFlags::FOPEN_DIRECT_IO)
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {

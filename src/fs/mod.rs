@@ -28,6 +28,7 @@ pub mod listing;
 pub mod loader;
 pub mod metrics;
 pub mod mount;
+mod passthrough;
 pub mod sealer;
 pub mod staging;
 mod status;
