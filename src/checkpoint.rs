@@ -321,6 +321,8 @@ impl fmt::Display for StoreOutcome {
 
 pub struct PutOptions<'a> {
     pub max_archive_size: u64,
+    /// The largest tar stream: what every reader would refuse to unpack.
+    pub max_unpacked: u64,
     /// Where the archive is written before upload.
     pub temp_dir: &'a Path,
     pub threads: usize,
@@ -378,6 +380,7 @@ pub fn write_archive_file(
         io::BufWriter::with_capacity(1 << 20, temp.as_file()),
         &WriterOptions {
             max_size: options.max_archive_size,
+            max_unpacked: options.max_unpacked,
             threads: options.threads,
         },
         tar_copy,

@@ -23,6 +23,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "AWS_ENDPOINT_URL", value_name = "URL")]
     pub endpoint_url: Option<String>,
 
+    /// A download that receives nothing for this long fails (and the mount tries it
+    /// again) instead of hanging.
+    #[arg(long, global = true, default_value = "60", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub stall_timeout: Duration,
+
     /// Largest archive accepted, compressed (bytes, or with K/M/G/KiB/MiB/GiB).
     #[arg(long, global = true, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_archive_size: u64,
@@ -65,6 +70,10 @@ pub struct PutArgs {
     /// Where the archive is written before upload.
     #[arg(long, value_name = "DIR")]
     pub temp_dir: Option<PathBuf>,
+    /// Refuse a tree whose archive would unpack to more than this (readers refuse it
+    /// too, with the same default).
+    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_unpacked_size: u64,
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +100,10 @@ pub struct LimitArgs {
     /// Largest number of entries in one checkpoint (directories implied by paths count).
     #[arg(long, default_value = "2000000", value_name = "N")]
     pub max_entries: u64,
+    /// Largest total size of one checkpoint's paths and link targets (what a reader
+    /// keeps in memory grows with it).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_metadata_size: u64,
 }
 
 impl LimitArgs {
@@ -98,6 +111,7 @@ impl LimitArgs {
         crate::archive::Limits {
             max_entries: self.max_entries,
             max_unpacked_bytes: self.max_unpacked_size,
+            max_metadata_bytes: self.max_metadata_size,
         }
     }
 }
@@ -192,7 +206,7 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
     if !(0.0..=86400.0).contains(&seconds) {
-        return Err("the refresh interval must be between 0 and 86400 seconds".into());
+        return Err("give a number of seconds between 0 and 86400".into());
     }
     Ok(Duration::from_secs_f64(seconds))
 }

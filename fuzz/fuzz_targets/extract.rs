@@ -12,6 +12,7 @@ use libfuzzer_sys::fuzz_target;
 const LIMITS: Limits = Limits {
     max_entries: 10_000,
     max_unpacked_bytes: 16 << 20,
+    max_metadata_bytes: 16 << 20,
 };
 
 /// (path, kind, mode, nlink, size, mtime) of everything under `root` but DEST.

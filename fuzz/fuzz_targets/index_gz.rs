@@ -7,6 +7,7 @@ use libfuzzer_sys::fuzz_target;
 const LIMITS: Limits = Limits {
     max_entries: 10_000,
     max_unpacked_bytes: 16 << 20,
+    max_metadata_bytes: 16 << 20,
 };
 
 fuzz_target!(|data: &[u8]| {

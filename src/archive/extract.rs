@@ -46,7 +46,8 @@ pub struct ExtractSummary {
 
 /// Attributes of a directory entry, applied when the restore ends.
 struct DirAttrs {
-    parts: Vec<Vec<u8>>,
+    /// The path below DEST, components joined by `/` (one allocation per entry).
+    path: Vec<u8>,
     /// The directory this restore made or found for the entry.
     dev_ino: (u64, u64),
     mode: u32,
@@ -207,10 +208,13 @@ impl Extractor {
                 }
                 let dir = beneath::open_dir(&parent, name).map_err(io_err("open directory"))?;
                 let stat = rfs::fstat(&dir).map_err(|e| io_err("stat")(e.into()))?;
-                let mut dir_parts: Vec<Vec<u8>> = parents.iter().map(|p| p.to_vec()).collect();
-                dir_parts.push(name.as_bytes().to_vec());
+                let mut path = parents.join(&b'/');
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(name.as_bytes());
                 self.remember_dir(DirAttrs {
-                    parts: dir_parts,
+                    path,
                     dev_ino: (stat.st_dev, stat.st_ino),
                     mode,
                     meta,
@@ -365,13 +369,14 @@ impl Extractor {
     /// made for the entry (a later entry may have replaced it).
     fn finish_directories(&mut self) -> Result<(), ArchiveError> {
         let mut dirs = std::mem::take(&mut self.dirs);
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.parts.len()));
+        let depth = |d: &DirAttrs| d.path.iter().filter(|&&b| b == b'/').count();
+        dirs.sort_by_key(|d| std::cmp::Reverse(depth(d)));
         for dir in dirs {
-            let parts: Vec<&[u8]> = dir.parts.iter().map(Vec::as_slice).collect();
+            let parts: Vec<&[u8]> = dir.path.split(|&b| b == b'/').collect();
             let Ok(fd) = beneath::open_dir_path(self.dest.as_fd(), &parts) else {
                 continue; // replaced by a later entry that is not a directory
             };
-            let shown = display_path(&dir.parts.join(&b'/'));
+            let shown = display_path(&dir.path);
             let io_err = |what: &str| ArchiveError::io(format!("{what} {shown}"));
             let stat = rfs::fstat(&fd).map_err(|e| io_err("stat")(e.into()))?;
             if (stat.st_dev, stat.st_ino) != dir.dev_ino {

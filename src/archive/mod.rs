@@ -13,8 +13,10 @@
 //!   it, on the stream itself, before anything is buffered;
 //! - paths and link targets are at most [`MAX_PATH`] bytes;
 //! - entries, including the parent directories that only appear implicitly, count
-//!   toward `max_entries`, and every byte of entry data, read or skipped, counts
-//!   toward `max_unpacked_bytes`.
+//!   toward `max_entries`, every byte of entry data, read or skipped, counts toward
+//!   `max_unpacked_bytes`, and the bytes of every path and link target count toward
+//!   `max_metadata_bytes` (what readers keep in memory grows with them, not with the
+//!   archive's size: 200,000 links with 4 KiB targets fit in a 2 MB archive).
 
 pub mod extract;
 pub mod gz;
@@ -39,6 +41,8 @@ pub enum ArchiveError {
     TooManyEntries(u64),
     #[error("the archive unpacks to more than {0} bytes (--max-unpacked-size)")]
     UnpackedTooLarge(u64),
+    #[error("the archive's paths and link targets take more than {0} bytes (--max-metadata-size)")]
+    MetadataTooLarge(u64),
     #[error("the archive is not a valid tar.gz: {0}")]
     Corrupt(io::Error),
     #[error("{}: {reason}", path.display())]
@@ -63,12 +67,14 @@ impl ArchiveError {
 pub struct Limits {
     pub max_entries: u64,
     pub max_unpacked_bytes: u64,
+    pub max_metadata_bytes: u64,
 }
 
 impl Limits {
     pub const DEFAULT: Limits = Limits {
         max_entries: 2_000_000,
         max_unpacked_bytes: 16 << 30,
+        max_metadata_bytes: 256 << 20,
     };
 }
 
@@ -77,6 +83,7 @@ pub struct Tally {
     limits: Limits,
     entries: u64,
     bytes: u64,
+    metadata: u64,
 }
 
 impl Tally {
@@ -95,6 +102,17 @@ impl Tally {
         if self.bytes > self.limits.max_unpacked_bytes {
             return Err(ArchiveError::UnpackedTooLarge(
                 self.limits.max_unpacked_bytes,
+            ));
+        }
+        Ok(())
+    }
+
+    /// `n` more bytes of paths and link targets.
+    fn metadata(&mut self, n: usize) -> Result<(), ArchiveError> {
+        self.metadata = self.metadata.saturating_add(n as u64);
+        if self.metadata > self.limits.max_metadata_bytes {
+            return Err(ArchiveError::MetadataTooLarge(
+                self.limits.max_metadata_bytes,
             ));
         }
         Ok(())
@@ -153,6 +171,7 @@ pub fn for_each_entry<R: Read>(
         limits,
         entries: 0,
         bytes: 0,
+        metadata: 0,
     };
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     loop {
@@ -167,6 +186,8 @@ pub fn for_each_entry<R: Read>(
         // asked about it, so it is only drained, counted like any data.
         if !(kind.is_pax_global_extensions() || kind.is_pax_local_extensions()) {
             check_names(&entry)?;
+            let link = entry.link_name_bytes().map_or(0, |l| l.len());
+            tally.metadata(entry.path_bytes().len() + link)?;
             each(&mut entry, &mut tally)?;
         }
         drain(&mut entry, &mut tally)?;

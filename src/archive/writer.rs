@@ -41,6 +41,10 @@ pub struct WriterOptions {
     /// The largest compressed archive allowed; writing stops with
     /// [`ArchiveError::TooLarge`] as soon as the output passes it.
     pub max_size: u64,
+    /// The largest tar stream (what the archive unpacks to); writing stops with
+    /// [`ArchiveError::UnpackedTooLarge`] past it, so that a sparse file of a
+    /// terabyte of zeros is refused quickly, as every reader would refuse it.
+    pub max_unpacked: u64,
     /// Compression threads; the output does not depend on it.
     pub threads: usize,
 }
@@ -81,6 +85,8 @@ pub fn write_archive_with_copy<W: Write>(
     let mut builder = tar::Builder::new(Tee {
         gz,
         copy: Some(tar_copy),
+        written: 0,
+        limit: options.max_unpacked,
     });
     let mut walk = Walk {
         hard_links: HashMap::new(),
@@ -100,7 +106,7 @@ pub fn write_archive_with_copy<W: Write>(
         });
     let hashing = match result {
         Ok(hashing) => hashing,
-        Err(e) => return Err(limit_error(e, options.max_size)),
+        Err(e) => return Err(limit_error(e, options)),
     };
     let HashingWriter {
         mut inner,
@@ -117,16 +123,19 @@ pub fn write_archive_with_copy<W: Write>(
 
 /// Turns the limit marker, wherever in the stack of writers it surfaced, into the
 /// error the caller can act on.
-fn limit_error(e: ArchiveError, limit: u64) -> ArchiveError {
-    match &e {
-        ArchiveError::Io { cause, .. }
-            if cause
-                .get_ref()
-                .is_some_and(|inner| inner.is::<LimitExceeded>()) =>
-        {
-            ArchiveError::TooLarge { limit }
-        }
-        _ => e,
+fn limit_error(e: ArchiveError, options: &WriterOptions) -> ArchiveError {
+    let ArchiveError::Io { cause, .. } = &e else {
+        return e;
+    };
+    match cause
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<LimitExceeded>())
+    {
+        Some(LimitExceeded::Compressed) => ArchiveError::TooLarge {
+            limit: options.max_size,
+        },
+        Some(LimitExceeded::Unpacked) => ArchiveError::UnpackedTooLarge(options.max_unpacked),
+        None => e,
     }
 }
 
@@ -141,11 +150,17 @@ type Builder<'a, W> = tar::Builder<Tee<'a, W>>;
 struct Tee<'a, W: Write> {
     gz: ParallelGzWriter<HashingWriter<W>>,
     copy: Option<&'a mut dyn Write>,
+    written: u64,
+    limit: u64,
 }
 
 impl<W: Write> Write for Tee<'_, W> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.written + data.len() as u64 > self.limit {
+            return Err(io::Error::other(LimitExceeded::Unpacked));
+        }
         let n = self.gz.write(data)?;
+        self.written += n as u64;
         if let Some(copy) = &mut self.copy
             && copy.write_all(&data[..n]).is_err()
         {
@@ -373,7 +388,10 @@ impl<R: Read> Read for ExactReader<R> {
 }
 
 #[derive(Debug)]
-struct LimitExceeded;
+enum LimitExceeded {
+    Compressed,
+    Unpacked,
+}
 
 impl std::fmt::Display for LimitExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -394,7 +412,7 @@ struct HashingWriter<W> {
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.written + buf.len() as u64 > self.limit {
-            return Err(io::Error::other(LimitExceeded));
+            return Err(io::Error::other(LimitExceeded::Compressed));
         }
         let n = self.inner.write(buf)?;
         self.hasher.update(&buf[..n]);
@@ -434,6 +452,7 @@ mod tests {
     fn options() -> WriterOptions {
         WriterOptions {
             max_size: u64::MAX,
+            max_unpacked: u64::MAX,
             threads: 2,
         }
     }
@@ -508,6 +527,7 @@ mod tests {
             &mut Vec::new(),
             &WriterOptions {
                 max_size: 10_000,
+                max_unpacked: u64::MAX,
                 threads: 1,
             },
         )

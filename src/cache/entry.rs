@@ -39,7 +39,8 @@ fn create_private(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// Bytes of contents in an entry (pack plus own files).
+/// Bytes an entry takes on disk: its contents (pack plus own files) and its index,
+/// which grows with the archive's names, not with its contents.
 pub(super) fn size_on_disk(dir: &Path) -> u64 {
     let files = fs::read_dir(dir.join("files"))
         .into_iter()
@@ -50,7 +51,8 @@ pub(super) fn size_on_disk(dir: &Path) -> u64 {
         .map(|m| m.len())
         .sum();
     let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
-    own + pack
+    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
+    own + pack + index
 }
 
 /// A checkpoint whose every byte was verified, ready to serve.

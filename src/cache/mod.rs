@@ -219,7 +219,7 @@ impl Cache {
         if dir.exists() {
             match entry::open_checked(id, &dir) {
                 Ok(checkpoint) => {
-                    self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+                    self.touch(id, &dir, entry::size_on_disk(&dir));
                     self.reuses.fetch_add(1, Ordering::Relaxed);
                     return Ok(Arc::new(checkpoint));
                 }
@@ -282,7 +282,7 @@ impl Cache {
             match entry::open_checked(id, &dir) {
                 Ok(existing) => {
                     drop(pending);
-                    self.touch(id, &dir, existing.index.unpacked_bytes);
+                    self.touch(id, &dir, entry::size_on_disk(&dir));
                     return Ok(Arc::new(existing));
                 }
                 Err(e) => {
@@ -292,7 +292,7 @@ impl Cache {
             }
         }
         let checkpoint = pending.finish(id, index, &dir)?;
-        self.touch(id, &dir, checkpoint.index.unpacked_bytes);
+        self.touch(id, &dir, entry::size_on_disk(&dir));
         Ok(Arc::new(checkpoint))
     }
 

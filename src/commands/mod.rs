@@ -38,8 +38,12 @@ pub fn run(cli: Cli) -> Result<i32> {
 
 /// What the `STORE` argument `url` names, with the global `--endpoint-url`.
 fn store_config(cli: &Cli, url: &str, part_size: u64) -> Result<StoreConfig> {
-    StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)
-        .with_context(|| format!("cannot open store {url}"))
+    let mut config = StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)
+        .with_context(|| format!("cannot open store {url}"))?;
+    if let StoreConfig::S3 { stall_timeout, .. } = &mut config {
+        *stall_timeout = cli.stall_timeout;
+    }
+    Ok(config)
 }
 
 /// Opens the store the `STORE` argument `url` names.

@@ -28,6 +28,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         &args.dir,
         &PutOptions {
             max_archive_size: cli.max_archive_size,
+            max_unpacked: args.max_unpacked_size,
             temp_dir: &temp_dir(&args.temp_dir),
             threads: compression_threads(),
         },

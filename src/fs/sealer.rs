@@ -81,6 +81,9 @@ fn seal_error(e: CheckpointError) -> FsError {
         CheckpointError::Archive(ArchiveError::TooLarge { limit }) => FsError::TooLarge(format!(
             "the workspace's archive is larger than the limit of {limit} bytes"
         )),
+        CheckpointError::Archive(ArchiveError::UnpackedTooLarge(limit)) => FsError::TooLarge(
+            format!("the workspace unpacks to more than the limit of {limit} bytes"),
+        ),
         other => FsError::Store(other.to_string()),
     }
 }
@@ -230,6 +233,7 @@ impl Sealer {
     fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<(CheckpointId, StoreOutcome), FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
+            max_unpacked: self.config.limits.max_unpacked_bytes,
             temp_dir: &self.config.work_dir,
             threads: self.config.threads,
         };

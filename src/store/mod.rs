@@ -137,6 +137,9 @@ pub trait ObjectStore: Send + Sync {
     }
 }
 
+/// How long a download may receive nothing before it fails.
+pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The part size of multipart uploads when the caller has no say (reading commands).
 pub const DEFAULT_PART_SIZE: u64 = 64 * 1024 * 1024;
 
@@ -152,6 +155,9 @@ pub enum StoreConfig {
         endpoint_url: Option<String>,
         /// Objects larger than this go up in parts of this size.
         part_size: u64,
+        /// A download that receives nothing for this long fails (and can be tried
+        /// again) rather than hanging.
+        stall_timeout: std::time::Duration,
     },
     Local {
         dir: PathBuf,
@@ -179,6 +185,7 @@ impl StoreConfig {
                 prefix: prefix.to_owned(),
                 endpoint_url,
                 part_size,
+                stall_timeout: DEFAULT_STALL_TIMEOUT,
             })
         } else if url.contains("://") {
             Err(StoreError::InvalidUrl {
@@ -201,10 +208,12 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
             prefix,
             endpoint_url,
             part_size,
+            stall_timeout,
         } => Ok(Arc::new(s3::S3Store::new(
             bucket,
             prefix,
             endpoint_url.as_deref(),
+            *stall_timeout,
             *part_size,
         )?)),
         StoreConfig::Local { dir } => Ok(Arc::new(local::LocalStore::open(dir)?)),
@@ -224,6 +233,7 @@ mod tests {
                 prefix: "a/b/".into(),
                 endpoint_url: Some("http://h".into()),
                 part_size: 5 << 20,
+                stall_timeout: DEFAULT_STALL_TIMEOUT,
             }
         );
         assert_eq!(
@@ -233,6 +243,7 @@ mod tests {
                 prefix: String::new(),
                 endpoint_url: None,
                 part_size: DEFAULT_PART_SIZE,
+                stall_timeout: DEFAULT_STALL_TIMEOUT,
             }
         );
         assert_eq!(

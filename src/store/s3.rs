@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_config::environment::region::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
@@ -50,6 +50,8 @@ pub struct S3Store {
     /// Empty, or ends with `/`.
     prefix: String,
     part_size: u64,
+    /// A download that receives nothing for this long fails.
+    stall_timeout: Duration,
 }
 
 impl S3Store {
@@ -60,6 +62,7 @@ impl S3Store {
         bucket: &str,
         prefix: &str,
         endpoint_url: Option<&str>,
+        stall_timeout: Duration,
         part_size: u64,
     ) -> Result<Self, StoreError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -106,6 +109,7 @@ impl S3Store {
                 format!("{prefix}/")
             },
             part_size: part_size.max(MIN_PART_SIZE),
+            stall_timeout,
         })
     }
 
@@ -483,6 +487,7 @@ impl ObjectStore for S3Store {
                 runtime: self.runtime.handle().clone(),
                 body: response.body,
                 chunk: Bytes::new(),
+                stall_timeout: self.stall_timeout,
             }),
         })
     }
@@ -550,15 +555,32 @@ struct BodyReader {
     runtime: tokio::runtime::Handle,
     body: ByteStream,
     chunk: Bytes,
+    stall_timeout: Duration,
 }
 
 impl Read for BodyReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.chunk.is_empty() {
-            match self.runtime.block_on(self.body.next()) {
-                Some(Ok(chunk)) => self.chunk = chunk,
-                Some(Err(e)) => return Err(io::Error::other(DisplayErrorContext(e).to_string())),
-                None => return Ok(0),
+            let (body, stall) = (&mut self.body, self.stall_timeout);
+            // The timer is made inside the runtime: it needs its clock.
+            let next = self
+                .runtime
+                .block_on(async { tokio::time::timeout(stall, body.next()).await });
+            match next {
+                Ok(Some(Ok(chunk))) => self.chunk = chunk,
+                Ok(Some(Err(e))) => {
+                    return Err(io::Error::other(DisplayErrorContext(e).to_string()));
+                }
+                Ok(None) => return Ok(0),
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the download stalled: nothing received for {:?}",
+                            self.stall_timeout
+                        ),
+                    ));
+                }
             }
         }
         let n = buf.len().min(self.chunk.len());

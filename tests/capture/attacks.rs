@@ -327,3 +327,96 @@ fn a_symlink_cannot_be_sealed_in_place_of_a_workspace() {
 fn store_is_empty(store: &TestStore) -> bool {
     store.list_keys().is_empty()
 }
+
+/// A file mapped for writing and then closed could keep writing behind a seal's freeze
+/// if its writes went straight to the backing file (passthrough): writers are served
+/// through the daemon, so the mapping either is refused or keeps the file open (and
+/// the seal answers EBUSY); either way the archive is a snapshot.
+#[test]
+fn a_writable_mapping_cannot_change_a_workspace_behind_its_seal() {
+    let store = TestStore::local();
+    let mount = Mount::new(&store).staging().start();
+    let ws = mount.staged("ws");
+    fs::create_dir(&ws).unwrap();
+    fs::write(ws.join("mapped"), vec![b'A'; 1 << 20]).unwrap();
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ws.join("mapped"))
+        .unwrap();
+    // SAFETY: a fresh shared mapping of 1 MiB of an open file; unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    drop(file);
+    if map == libc::MAP_FAILED {
+        // Refused (direct I/O): nothing can write behind the freeze.
+        fs::rename(&ws, mount.committed("ws")).expect("the seal succeeds");
+        return;
+    }
+    // SAFETY: `map` is a live writable mapping of 1 MiB.
+    unsafe { std::ptr::write_bytes(map as *mut u8, b'B', 1 << 20) };
+    let sealed = fs::rename(&ws, mount.committed("ws"));
+    assert_eq!(
+        sealed.as_ref().err().and_then(|e| e.raw_os_error()),
+        Some(libc::EBUSY),
+        "a workspace with a live writable mapping must not be sealed: {sealed:?}"
+    );
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(map, 1 << 20) };
+}
+
+/// `staging/` itself is shared (sticky, like /tmp) and cannot be chmodded or
+/// chowned: its backing directory stays the daemon's, 0700.
+#[test]
+fn staging_itself_cannot_be_opened_up_and_other_users_get_their_own_workspaces() {
+    let store = TestStore::local();
+    let mount = Mount::new(&store).staging().args(["--allow-other"]).start();
+    let staging = mount.join("staging");
+    assert_eq!(fs::metadata(&staging).unwrap().mode() & 0o7777, 0o1777);
+    let err = fs::set_permissions(&staging, fs::Permissions::from_mode(0o777)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+    let err = std::os::unix::fs::chown(&staging, Some(65534), None).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+    assert_eq!(
+        fs::metadata(mount.staging_dir()).unwrap().mode() & 0o777,
+        0o700
+    );
+    // Another user makes a workspace, which is theirs.
+    let out = run(std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "mkdir",
+        ])
+        .arg(staging.join("nobody-ws")));
+    assert!(out.status.success(), "{out}");
+    assert_eq!(
+        fs::metadata(staging.join("nobody-ws")).unwrap().uid(),
+        65534
+    );
+    // And cannot remove someone else's.
+    fs::create_dir(staging.join("root-ws")).unwrap();
+    let out = run(std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "rmdir",
+        ])
+        .arg(staging.join("root-ws")));
+    assert!(!out.status.success(), "{out}");
+    assert!(staging.join("root-ws").is_dir());
+}

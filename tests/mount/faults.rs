@@ -233,3 +233,35 @@ fn s3_a_slow_or_stalled_store_delays_only_what_it_serves() {
     assert!(reader.join().unwrap().is_ok());
     assert_same_tree(&big, &mount.join(&sha_big));
 }
+
+#[test]
+fn s3_a_download_that_stalls_for_good_fails_with_a_reason_instead_of_hanging() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fault-stall-");
+    let (a, b) = (work.path().join("a"), work.path().join("b"));
+    make_small_tree(&a, "fine");
+    make_random_tree(&b, 2 << 20, 6);
+    let (sha_a, _) = store.put(&a, &[]);
+    let (sha_b, _) = store.put(&b, &[]);
+    let proxy = FaultProxy::start(&s3_endpoint());
+    let mount = Mount::new(&store)
+        .endpoint(&proxy.endpoint())
+        .args(["--stall-timeout", "1"])
+        .start();
+    proxy.set(Fault::Stall);
+    let started = Instant::now();
+    let err = list(&mount.join(&sha_b)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // Three attempts, each given up after a second of silence, with backoff between.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    let state = mount.status().state(&sha_b).to_owned();
+    assert!(state.contains("stalled"), "{state}");
+    proxy.set(Fault::Pass);
+    assert_same_tree(&a, &mount.join(&sha_a));
+    eventually(Duration::from_secs(10), || list(&mount.join(&sha_b))).unwrap();
+    assert_same_tree(&b, &mount.join(&sha_b));
+}

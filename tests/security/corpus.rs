@@ -223,6 +223,23 @@ fn corpus(o: &str) -> Vec<Case> {
         case("D13", "pax global header of 160 MiB", Refused("--max-unpacked-size|larger than"),
             tar(|t| t.pax_run(XGlobalHeader, "comment", b"G", 160 * MIB).file(b"after", b"ok")))
             .args(LIMIT_64M),
+        case("D14", "300 symlinks with 4,000-byte targets", Refused("--max-metadata-size"),
+            tar(|t| {
+                for i in 0..300 {
+                    t.pax(XHeader, &[("linkpath", &[b'l'; 4000])]).symlink(format!("l{i}").as_bytes(), b"t");
+                }
+                t
+            }))
+            .args(&["--max-metadata-size", "1MiB"]),
+        case("D15", "1,000 directories 1,900 levels deep", Refused("--max-metadata-size"),
+            tar(|t| {
+                let deep = "a/".repeat(1900);
+                for i in 0..1000 {
+                    t.pax(XHeader, &[("path", format!("{deep}d{i}/").as_bytes())]).dir(b"placeholder/");
+                }
+                t
+            }))
+            .args(&["--max-metadata-size", "1MiB"]),
         // E. Size bombs.
         case("E1", "200 MiB of zeros in one file", Refused("--max-unpacked-size"),
             tar(|t| t.header(&raw_header(b"zeros", Regular, 0o644, 200 * MIB, b"")).run(&[0], 200 * MIB)))

@@ -12,12 +12,17 @@ use std::sync::Arc;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 
-use super::{Caller, Handle, Loc, OMIT, SetAttr, StagingTree, os, timespec};
+use super::{Caller, Handle, Loc, OMIT, SetAttr, StagingTree, open_checked, os, timespec};
 use crate::beneath;
+use crate::fs::inode;
 use crate::fs::{Attr, FsError, Opened};
 
 impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
+        if ino == inode::STAGING {
+            // Its backing directory must stay private (see `StagingTree::at`).
+            return Err(FsError::NotPermitted("staging/ itself cannot be changed"));
+        }
         let _changing = self.changing();
         self.check_not_frozen(ino)?;
         let loc = self.loc(ino)?;
@@ -60,13 +65,11 @@ impl StagingTree {
             let file = match (set.fh.and_then(|fh| self.handle(fh)), &loc) {
                 (Some(handle), _) => open_file(&handle)?,
                 (None, Loc::Open(handle)) => open_file(handle)?,
-                (None, Loc::At(dir, name)) => rfs::openat(
+                (None, Loc::At(dir, name)) => open_checked(
                     &**dir,
                     OsStr::from_bytes(name),
                     OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(os)?
+                )?
                 .into(),
                 (None, Loc::Dir(_)) => return Err(FsError::IsADirectory),
             };
@@ -337,8 +340,7 @@ impl StagingTree {
             }
             // Another writer made it first; without O_EXCL the caller opens theirs.
             Err(rustix::io::Errno::EXIST) if !flags.contains(OFlags::EXCL) => {
-                rfs::openat(&*parent_fd, os_name, flags - OFlags::CREATE, Mode::empty())
-                    .map_err(os)?
+                open_checked(&*parent_fd, os_name, flags - OFlags::CREATE)?
             }
             Err(e) => return Err(os(e)),
         }

@@ -30,7 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -141,6 +141,22 @@ fn file_kind(kind: rfs::FileType) -> FileKind {
         rfs::FileType::BlockDevice => FileKind::BlockDevice,
         _ => FileKind::File,
     }
+}
+
+/// Opens `name` for a client without blocking (a FIFO or a device swapped in for a
+/// file would otherwise hang the daemon's thread), and only a regular file or a
+/// directory. Blocking mode is restored unless it was asked for.
+fn open_checked(dir: impl AsFd, name: &OsStr, flags: OFlags) -> Result<OwnedFd, FsError> {
+    let fd = rfs::openat(dir, name, flags | OFlags::NONBLOCK, Mode::empty()).map_err(os)?;
+    match rfs::FileType::from_raw_mode(rfs::fstat(&fd).map_err(os)?.st_mode) {
+        rfs::FileType::RegularFile | rfs::FileType::Directory => {}
+        _ => return Err(FsError::InvalidArgument),
+    }
+    if !flags.contains(OFlags::NONBLOCK) {
+        let status = rfs::fcntl_getfl(&fd).map_err(os)?;
+        rfs::fcntl_setfl(&fd, status - OFlags::NONBLOCK).map_err(os)?;
+    }
+    Ok(fd)
 }
 
 fn os(e: rustix::io::Errno) -> FsError {
@@ -349,11 +365,20 @@ impl StagingTree {
 
     fn attr(&self, stat: &rfs::Stat) -> Attr {
         let kind = file_kind(rfs::FileType::from_raw_mode(stat.st_mode));
+        let ino = self.fuse_ino(stat.st_ino);
+        // `staging/` itself shows as a shared, sticky directory (like /tmp): anyone
+        // the mount lets in makes workspaces there, and only their owner can remove
+        // or rename them. Its backing directory stays the daemon's, 0700.
+        let perm = if ino == inode::STAGING {
+            0o1777
+        } else {
+            (stat.st_mode & 0o7777) as u16
+        };
         Attr {
-            ino: self.fuse_ino(stat.st_ino),
+            ino,
             kind,
             size: stat.st_size as u64,
-            perm: (stat.st_mode & 0o7777) as u16,
+            perm,
             nlink: stat.st_nlink as u32,
             uid: stat.st_uid,
             gid: stat.st_gid,
@@ -438,7 +463,15 @@ impl StagingTree {
         ino: u64,
         writable: bool,
     ) -> Result<Opened, FsError> {
-        let backing = file.try_clone().map_err(FsError::Os)?;
+        // A writer is served here, not by passthrough: a passthrough file mapped with
+        // mmap is the backing file's, so closing it would release the handle while
+        // the mapping can still write, behind a seal's freeze. Direct I/O keeps its
+        // writes coming through this daemon (and refuses shared writable mappings).
+        let backing = if writable {
+            None
+        } else {
+            Some(file.try_clone().map_err(FsError::Os)?)
+        };
         let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             file,
@@ -448,9 +481,9 @@ impl StagingTree {
         handles.insert(fh, Arc::new(handle));
         Ok(Opened {
             fh,
-            backing: Some(backing),
+            backing,
             keep_cache: false,
-            direct_io: false,
+            direct_io: writable,
         })
     }
 
@@ -470,30 +503,30 @@ impl StagingTree {
     /// goes to the kernel as a passthrough backing file.
     fn open_file(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        // Writers hold the gate from the frozen check to their registration: a freeze
+        // cannot start in between and miss them.
         let _changing = writable.then(|| self.changing());
-        let loc = self.loc(ino)?;
-        // The frozen check and the handle's registration happen under the gate (for
-        // writers) and the handles lock, both of which `freeze` takes: a seal cannot
-        // start between the two and miss a writer.
-        let mut handles = self.handles.lock().expect("handles lock");
         if writable {
             self.check_not_frozen(ino)?;
         }
+        let loc = self.loc(ino)?;
         let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
         let flags = OFlags::from_bits_retain(keep as u32) | OFlags::CLOEXEC;
-        let file: File = match &loc {
-            Loc::At(dir, name) => rfs::openat(
-                &**dir,
-                OsStr::from_bytes(name),
-                flags | OFlags::NOFOLLOW,
-                Mode::empty(),
-            ),
-            Loc::Dir(fd) => rfs::open(proc_path(&**fd), flags, Mode::empty()),
-            Loc::Open(handle) => rfs::open(proc_path(&handle.file), flags, Mode::empty()),
+        let fd = match &loc {
+            Loc::At(dir, name) => {
+                open_checked(&**dir, OsStr::from_bytes(name), flags | OFlags::NOFOLLOW)
+            }
+            // The /proc link names the very inode held, whatever its path now.
+            Loc::Dir(fd) => open_checked(rfs::CWD, proc_path(&**fd).as_os_str(), flags),
+            Loc::Open(handle) => open_checked(rfs::CWD, proc_path(&handle.file).as_os_str(), flags),
+        }?;
+        // What was opened must be the inode asked for: a name renamed over between the
+        // lookup and the open is refused, not served in its place.
+        if self.fuse_ino(rfs::fstat(&fd).map_err(os)?.st_ino) != ino {
+            return Err(FsError::Stale);
         }
-        .map_err(os)?
-        .into();
-        self.register_file(&mut handles, file, ino, writable)
+        let mut handles = self.handles.lock().expect("handles lock");
+        self.register_file(&mut handles, fd.into(), ino, writable)
     }
 
     fn handle(&self, fh: u64) -> Option<Arc<Handle>> {

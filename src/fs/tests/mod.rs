@@ -160,6 +160,7 @@ pub fn put_tree(store_dir: &Path, files: &[(&str, &[u8])]) -> CheckpointId {
     let scratch = tempfile::tempdir().unwrap();
     let options = PutOptions {
         max_archive_size: u64::MAX,
+        max_unpacked: u64::MAX,
         temp_dir: scratch.path(),
         threads: 1,
     };
@@ -202,6 +203,7 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             limits: Limits {
                 max_entries: 10_000,
                 max_unpacked_bytes: 1 << 30,
+                max_metadata_bytes: 1 << 30,
             },
             owner_override: None,
             uid: 0,

@@ -60,8 +60,10 @@ enum Node {
     File {
         inode: usize,
     },
+    /// Symlinks have an identity too: a hard link to one is the same inode.
     Link {
         target: String,
+        id: usize,
     },
 }
 
@@ -75,6 +77,8 @@ struct File {
 struct Model {
     root: BTreeMap<String, Node>,
     files: Vec<File>,
+    /// Symlinks made so far (their identities).
+    links: usize,
 }
 
 fn names_of(path: &[usize]) -> Vec<String> {
@@ -207,6 +211,9 @@ impl Model {
                     (Node::File { inode: x }, Some(Node::File { inode: y })) if x == y => {
                         return Ok(());
                     }
+                    (Node::Link { id: x, .. }, Some(Node::Link { id: y, .. })) if x == y => {
+                        return Ok(());
+                    }
                     (Node::Dir { .. }, Some(Node::Dir { children, .. }))
                         if !children.is_empty() =>
                     {
@@ -243,16 +250,14 @@ impl Model {
             Op::Symlink(p, t) => {
                 let p = names_of(p);
                 let (name, parent) = p.split_last().unwrap();
+                self.links += 1;
+                let id = self.links;
                 let dir = self.dir_mut(parent)?;
                 if dir.contains_key(name) {
                     return Err(libc::EEXIST);
                 }
-                dir.insert(
-                    name.clone(),
-                    Node::Link {
-                        target: link_target(*t),
-                    },
-                );
+                let target = link_target(*t);
+                dir.insert(name.clone(), Node::Link { target, id });
                 Ok(())
             }
             Op::Chmod(p, mode) => {
@@ -299,7 +304,7 @@ fn render_model(dir: &BTreeMap<String, Node>, prefix: &str, files: &[File], out:
                 let f = &files[*inode];
                 out.push(format!("{path} {:o} {:?} #{inode}", f.mode, f.data));
             }
-            Node::Link { target } => out.push(format!("{path} -> {target}")),
+            Node::Link { target, .. } => out.push(format!("{path} -> {target}")),
         }
     }
 }

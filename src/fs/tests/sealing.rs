@@ -176,3 +176,99 @@ fn new_entries_get_exactly_the_mode_asked_for() {
     );
     assert_eq!(device.unwrap_err().errno(), libc::EPERM);
 }
+
+/// A name can change between the kernel's lookup and its open: the open must never
+/// block on a FIFO swapped in (that would hang a request thread), nor serve another
+/// file in place of the one asked for.
+#[test]
+fn an_open_refuses_a_name_swapped_under_it() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"ws", b"mine");
+    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    let backing = f.staging_dir.join("ws");
+    std::fs::rename(backing.join("file"), backing.join("moved")).unwrap();
+    let fifo =
+        std::ffi::CString::new(backing.join("file").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: the path is NUL-terminated.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    let (tx, rx) = mpsc::channel();
+    let fs = Arc::clone(&f.fs);
+    std::thread::spawn(move || {
+        tx.send(fs.open(file, libc::O_RDONLY).map(|o| o.fh))
+            .unwrap()
+    });
+    let opened = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the open blocked");
+    assert!(opened.is_err(), "a FIFO was opened in place of the file");
+    // Another regular file in its place is not served either.
+    std::fs::remove_file(backing.join("file")).unwrap();
+    std::fs::write(backing.join("file"), b"someone else's").unwrap();
+    assert!(f.fs.open(file, libc::O_RDONLY).is_err());
+}
+
+/// A hard link outside a sealed workspace keeps working after the workspace's
+/// directory is deleted (its remembered name went stale).
+#[test]
+fn a_hard_link_outside_a_sealed_workspace_still_reads() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"ws", b"shared");
+    let keep =
+        f.fs.mkdir(inode::STAGING, b"keep", 0o755, ROOT_CALLER)
+            .unwrap()
+            .attr
+            .ino;
+    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    f.fs.link(file, keep, b"t").unwrap();
+    seal(&f.fs, b"ws").unwrap();
+    // Directories made afterwards may reuse the sealed workspace's inode numbers.
+    for i in 0..50 {
+        let name = format!("new{i}");
+        let dir =
+            f.fs.mkdir(inode::STAGING, name.as_bytes(), 0o755, ROOT_CALLER)
+                .unwrap()
+                .attr
+                .ino;
+        let (_, opened) =
+            f.fs.create(dir, b"file", 0o600, libc::O_WRONLY, ROOT_CALLER)
+                .unwrap();
+        f.fs.write(opened.fh, 0, b"someone else's").unwrap();
+        f.fs.release(opened.fh);
+    }
+    assert_eq!(read_all(&f.fs, file), b"shared");
+}
+
+#[test]
+fn writers_are_not_served_by_passthrough_and_staging_itself_cannot_change() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"ws", b"x");
+    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    let reader = f.fs.open(file, libc::O_RDONLY).unwrap();
+    assert!(reader.backing.is_some(), "readers may use passthrough");
+    let writer = f.fs.open(file, libc::O_RDWR).unwrap();
+    assert!(
+        writer.backing.is_none() && writer.direct_io,
+        "a mapped writer could escape the freeze"
+    );
+    f.fs.release(reader.fh);
+    f.fs.release(writer.fh);
+    let root = f.fs.getattr(inode::STAGING).unwrap().attr;
+    assert_eq!(
+        root.perm, 0o1777,
+        "staging/ shows as a shared sticky directory"
+    );
+    let chmod = SetAttr {
+        mode: Some(0o777),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        f.fs.setattr(inode::STAGING, chmod).unwrap_err().errno(),
+        libc::EPERM
+    );
+    let mode = std::fs::metadata(&f.staging_dir)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o700, "the backing directory stays private");
+}
