@@ -40,10 +40,14 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-if ! command -v fusermount3 >/dev/null 2>&1; then
-    echo "==> installing fuse3" >&2
+# fuse3 for the mounts; GNU time to measure the peak memory of commands under test.
+missing=()
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+[ -x /usr/bin/time ] || missing+=(time)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing ${missing[*]}" >&2
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q fuse3
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
 mkdir -p "$CKPTFS_TMP"

@@ -351,7 +351,7 @@ impl Cache {
             ));
             match fs::rename(self.entry_dir(&id), &away) {
                 Ok(()) => {
-                    tracing::info!(checkpoint = %id, "evicted from the cache");
+                    tracing::debug!(checkpoint = %id, "evicted from the cache");
                     trash.0.push(away);
                 }
                 Err(e) => tracing::warn!(checkpoint = %id, error = %e, "could not evict"),

@@ -189,8 +189,9 @@ fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
 /// of the mount's root can still answer from the attribute cache for a moment after
 /// the daemon died.
 fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
+    // A connection the kernel aborted answers ECONNABORTED instead.
     match rustix::fs::statfs(mountpoint) {
-        Err(rustix::io::Errno::NOTCONN) => {}
+        Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED) => {}
         _ => return Ok(()),
     }
     tracing::warn!(

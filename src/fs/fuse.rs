@@ -467,6 +467,21 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // No file here is a terminal or a device: what `isatty` and friends expect.
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
     fn setattr(
         &self,
         _req: &Request,

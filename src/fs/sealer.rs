@@ -15,7 +15,7 @@
 //! lets one seal run per mount at a time); FUSE request threads keep answering.
 //!
 //! A daemon killed in the middle of an upload cannot abort it. So every upload is
-//! first recorded in a journal (`<work dir>/uploads/<object name>`), and removed when
+//! first recorded in a journal (`<work dir>/.upload-<object name>`), and removed when
 //! it ends either way; a sealer starting on the same cache directory (one daemon per
 //! cache directory) abandons the uploads a killed predecessor left, and deletes its
 //! unfinished archives.
@@ -36,6 +36,9 @@ use crate::checkpoint::{
 };
 use crate::pipe::pipe;
 use crate::store::ObjectStore;
+
+/// Journal entries of uploads in progress, in the work directory.
+const JOURNAL_PREFIX: &str = ".upload-";
 
 /// How many finished seals `.status` remembers.
 const OUTCOMES_KEPT: usize = 100;
@@ -110,30 +113,29 @@ impl Sealer {
         sealer
     }
 
-    fn journal(&self) -> PathBuf {
-        self.config.work_dir.join("uploads")
+    /// The journal entry of an upload of `object`.
+    fn journal(&self, object: &str) -> PathBuf {
+        self.config
+            .work_dir
+            .join(format!("{JOURNAL_PREFIX}{object}"))
     }
 
     /// Cleans up after a daemon that was killed while sealing: its uploads still in
     /// the journal are abandoned in the store, its unfinished archives deleted.
     fn recover(&self) {
-        if let Ok(entries) = std::fs::read_dir(&self.config.work_dir) {
-            for entry in entries.flatten() {
-                if entry
-                    .file_name()
-                    .as_encoded_bytes()
-                    .starts_with(b".ckptfs-put-")
-                {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
-        let Ok(entries) = std::fs::read_dir(self.journal()) else {
+        let Ok(entries) = std::fs::read_dir(&self.config.work_dir) else {
             return;
         };
         for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            match self.store.abort_uploads(&name) {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            if file_name.starts_with(".ckptfs-put-") {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            let Some(name) = file_name.strip_prefix(JOURNAL_PREFIX) else {
+                continue;
+            };
+            match self.store.abort_uploads(name) {
                 Ok(n) => {
                     tracing::info!(object = %name, aborted = n, "cleaned up an upload a killed daemon left");
                     let _ = std::fs::remove_file(entry.path());
@@ -260,10 +262,13 @@ impl Sealer {
         let object = CheckpointId::parse(&written.sha256)
             .expect("a sha256 is an id")
             .object_name();
-        let journal = self.journal().join(&object);
-        crate::cache::private_dir(&self.journal())
-            .and_then(|()| std::fs::write(&journal, b"").map_err(crate::cache::io_err(&journal)))
-            .map_err(|e| FsError::Store(format!("cannot record the upload: {e}")))?;
+        let journal = self.journal(&object);
+        std::fs::write(&journal, b"").map_err(|e| {
+            FsError::Store(format!(
+                "cannot record the upload in {}: {e}",
+                journal.display()
+            ))
+        })?;
         let stored =
             checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {});
         let _ = std::fs::remove_file(&journal);

@@ -37,12 +37,33 @@ pub struct Measured {
     pub elapsed: Duration,
 }
 
-/// Runs `cmd` with stdout and stderr read on threads, and reaps it with `wait4` to
-/// learn its peak RSS (`ru_maxrss`). The child gets a soft limit of 1024 open files,
-/// the usual default, so that a restore that needs one descriptor per level of a
-/// deep tree shows it. After `limit` the child is killed and `Err` says so.
-pub fn run_measured(cmd: &mut Command, limit: Duration) -> Result<Measured, String> {
-    let what = describe(cmd);
+/// Runs `cmd` with stdout and stderr read on threads, under GNU `time` to learn its
+/// peak RSS. (The `ru_maxrss` of a child of the test process itself counts the test
+/// process's own memory, which the child shared until its `exec`: `time` is a small
+/// parent.) The child gets a soft limit of 1024 open files, the usual default, so
+/// that a restore that needs one descriptor per level of a deep tree shows it. After
+/// `limit` the child is killed and `Err` says so.
+pub fn run_measured(given: &mut Command, limit: Duration) -> Result<Measured, String> {
+    let what = describe(given);
+    let rss_file = tempfile::NamedTempFile::new().map_err(|e| format!("temp file: {e}"))?;
+    let mut timed = Command::new("/usr/bin/time");
+    timed
+        .args(["-f", "%M", "-o"])
+        .arg(rss_file.path())
+        .arg(given.get_program())
+        .args(given.get_args());
+    for (key, value) in given.get_envs() {
+        match value {
+            Some(value) => timed.env(key, value),
+            None => timed.env_remove(key),
+        };
+    }
+    if let Some(dir) = given.get_current_dir() {
+        timed.current_dir(dir);
+    }
+    // Its own process group, so that a timeout stops `time` and the command alike.
+    timed.process_group(0);
+    let cmd = &mut timed;
     // SAFETY: setrlimit is async-signal-safe and reads only the local struct.
     unsafe {
         cmd.pre_exec(|| {
@@ -92,8 +113,8 @@ pub fn run_measured(cmd: &mut Command, limit: Duration) -> Result<Measured, Stri
         }
         if !timed_out && started.elapsed() > limit {
             timed_out = true;
-            // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: kill has no memory-safety preconditions; the group is our child's.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -112,7 +133,10 @@ pub fn run_measured(cmd: &mut Command, limit: Duration) -> Result<Measured, Stri
             stdout,
             stderr,
         },
-        max_rss_kib: usage.ru_maxrss as u64,
+        max_rss_kib: fs::read_to_string(rss_file.path())
+            .ok()
+            .and_then(|text| text.lines().last().and_then(|l| l.trim().parse().ok()))
+            .unwrap_or(usage.ru_maxrss as u64),
         elapsed,
     })
 }

@@ -463,15 +463,12 @@ impl StagingTree {
         ino: u64,
         writable: bool,
     ) -> Result<Opened, FsError> {
-        // A writer is served here, not by passthrough: a passthrough file mapped with
-        // mmap is the backing file's, so closing it would release the handle while
-        // the mapping can still write, behind a seal's freeze. Direct I/O keeps its
-        // writes coming through this daemon (and refuses shared writable mappings).
-        let backing = if writable {
-            None
-        } else {
-            Some(file.try_clone().map_err(FsError::Os)?)
-        };
+        // Served here, never by passthrough: a passthrough file mapped with mmap is
+        // the backing file's, so closing it would release the handle while the mapping
+        // can still write, behind a seal's freeze. (And the kernel wants every open of
+        // an inode to be passthrough once one is, so readers cannot use it either.)
+        // Served through the page cache, a mapping keeps the file open here until it
+        // is unmapped, and its writes come through `write`, which the freeze checks.
         let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             file,
@@ -481,9 +478,9 @@ impl StagingTree {
         handles.insert(fh, Arc::new(handle));
         Ok(Opened {
             fh,
-            backing,
+            backing: None,
             keep_cache: false,
-            direct_io: writable,
+            direct_io: false,
         })
     }
 
