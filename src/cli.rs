@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 const STORE_HELP: &str = "s3://BUCKET/PREFIX, or a local directory";
 
@@ -12,8 +12,11 @@ const STORE_HELP: &str = "s3://BUCKET/PREFIX, or a local directory";
     name = "ckptfs",
     version,
     about = "Content-addressed workspace checkpoints in S3, as a filesystem and a CLI",
-    after_help = "Credentials come from the standard AWS chain (environment, profile, role).\n\
-                  Set RUST_LOG=debug for detailed logs."
+    after_help = "Credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID and\n\
+                  AWS_SECRET_ACCESS_KEY, AWS_PROFILE with ~/.aws/config and ~/.aws/credentials,\n\
+                  SSO, or an instance role; AWS_REGION. -v, -vv or RUST_LOG=debug for detailed logs.\n\
+                  mount -t fuse.ckptfs STORE MOUNTPOINT -o OPTIONS (and /etc/fstab) run `ckptfs mount`\n\
+                  with each -o option as a flag: cache_dir=DIR is --cache-dir DIR."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -23,14 +26,38 @@ pub struct Cli {
     #[arg(long, global = true, env = "AWS_ENDPOINT_URL", value_name = "URL")]
     pub endpoint_url: Option<String>,
 
+    /// More detail in the log: -v for debug, -vv for everything.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Errors only in the log.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Log lines as text, or as one JSON object each (for log collectors).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "CKPTFS_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+
     /// A download that receives nothing for this long fails (and the mount tries it
     /// again) instead of hanging.
-    #[arg(long, global = true, default_value = "60", value_parser = parse_seconds, value_name = "SECONDS")]
+    #[arg(long, global = true, default_value = "60", value_parser = parse_seconds, value_name = "SECONDS", env = "CKPTFS_STALL_TIMEOUT")]
     pub stall_timeout: Duration,
 
     /// Largest archive accepted, compressed (bytes, or with K/M/G/KiB/MiB/GiB).
-    #[arg(long, global = true, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, global = true, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_ARCHIVE_SIZE")]
     pub max_archive_size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -38,7 +65,12 @@ pub enum Command {
     /// Mount the store: one read-only directory per verified checkpoint.
     #[command(
         after_help = "Example:\n  ckptfs mount s3://my-bucket/checkpoints /mnt/ckpt\n  \
-                            ls /mnt/ckpt/latest/\n  fusermount3 -u /mnt/ckpt"
+                            ls /mnt/ckpt/latest/\n  \
+                            mkdir /mnt/ckpt/staging/turn-8 && cp -a ./workspace/. /mnt/ckpt/staging/turn-8/\n  \
+                            mv /mnt/ckpt/staging/turn-8 /mnt/ckpt/commit/     # captures it\n  \
+                            fusermount3 -u /mnt/ckpt\n\
+                            The same from /etc/fstab:\n  \
+                            s3://my-bucket/checkpoints /mnt/ckpt fuse.ckptfs noauto,_netdev,x-systemd.automount,cache_dir=/var/cache/ckptfs 0 0"
     )]
     Mount(MountArgs),
     /// Capture DIR as a checkpoint; prints `<sha256> <size>`.
@@ -56,6 +88,41 @@ pub enum Command {
     /// List checkpoints, oldest first: sha256, size, time.
     #[command(after_help = "Example:\n  ckptfs ls s3://my-bucket/checkpoints --json")]
     Ls(LsArgs),
+    /// What a running mount's `.status` says: each checkpoint's state, the seals, the
+    /// counters and latencies.
+    #[command(after_help = "Example:\n  ckptfs status /mnt/ckpt --json")]
+    Status(StatusArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Example:\n  ckptfs completions bash > /etc/bash_completion.d/ckptfs")]
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff), for `man -l -`; or write every page (one per
+    /// command) into a directory.
+    #[command(
+        after_help = "Example:\n  ckptfs man | man -l -\n  ckptfs man --out-dir /usr/local/share/man/man1"
+    )]
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Where the store is mounted.
+    pub mountpoint: PathBuf,
+    /// One JSON object: {"store", "listed", "listing_error", "counters", "seals",
+    /// "latencies", "checkpoints": [{"sha256", "size", "time", "state", "reason"}]}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write ckptfs.1 and ckptfs-COMMAND.1 here instead of printing ckptfs.1.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]
@@ -139,17 +206,18 @@ pub struct MountArgs {
     pub store: String,
     /// An existing empty directory.
     pub mountpoint: PathBuf,
-    /// Verified checkpoints are kept here, between runs too.
-    #[arg(long, value_name = "DIR")]
+    /// Verified checkpoints are kept here, between runs too [default:
+    /// $XDG_CACHE_HOME/ckptfs, else ~/.cache/ckptfs, else /var/cache/ckptfs for root].
+    #[arg(long, value_name = "DIR", env = "CKPTFS_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Bound on the cache; least recently used checkpoints are evicted first.
-    #[arg(long, default_value = "4GiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "4GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_CACHE_SIZE")]
     pub cache_size: u64,
     /// Where staged workspaces live (default: a folder in the cache directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "CKPTFS_STAGING_DIR")]
     pub staging_dir: Option<PathBuf>,
     /// Seconds between listings of the store.
-    #[arg(long, default_value = "5", value_parser = parse_seconds, value_name = "SECONDS")]
+    #[arg(long, default_value = "5", value_parser = parse_seconds, value_name = "SECONDS", env = "CKPTFS_REFRESH")]
     pub refresh: Duration,
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -157,24 +225,24 @@ pub struct MountArgs {
     #[arg(short, long)]
     pub foreground: bool,
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
-    #[arg(long)]
+    #[arg(long, env = "CKPTFS_ALLOW_OTHER")]
     pub allow_other: bool,
     /// Show every entry as owned by the mounting user instead of the archive's owners.
     #[arg(long)]
     pub owner_self: bool,
-    /// Parts size for uploads of sealed workspaces.
+    /// Part size of the uploads of sealed workspaces.
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub part_size: u64,
     /// Browse only: no staging/ and commit/, mounted `ro`, and files are opened by the
     /// kernel without asking the daemon (faster for many small files; no passthrough).
-    #[arg(long)]
+    #[arg(long, env = "CKPTFS_READ_ONLY")]
     pub read_only: bool,
     /// Checkpoints verified and loaded at once (default: half the cores, 2 to 16);
     /// first accesses beyond it wait in order.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "CKPTFS_LOADERS")]
     pub loaders: Option<usize>,
     /// Request threads of the FUSE session.
-    #[arg(long, default_value = "4", value_name = "N")]
+    #[arg(long, default_value = "4", value_name = "N", env = "CKPTFS_THREADS")]
     pub threads: usize,
 }
 

@@ -15,5 +15,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod fs;
+pub mod mount_helper;
 pub mod pipe;
 pub mod store;

@@ -1,23 +1,19 @@
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
+
+use ckptfs::cli::{Cli, Command, LogFormat};
 
 fn main() -> ExitCode {
-    let cli = ckptfs::cli::Cli::parse();
-    // The AWS SDK warns about each credential provider it tries; the command's own
-    // error already says why credentials could not be found.
-    let default_level = match cli.command {
-        ckptfs::cli::Command::Mount(_) => "info,aws_config=error",
-        _ => "warn,aws_config=error",
+    let cli = match parse_arguments() {
+        Ok(cli) => cli,
+        Err(message) => {
+            eprintln!("ckptfs: {message}");
+            return ExitCode::FAILURE;
+        }
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .init();
+    init_logging(&cli);
     match ckptfs::commands::run(cli) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(code as u8),
@@ -32,5 +28,46 @@ fn main() -> ExitCode {
             eprintln!("ckptfs: error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The command line, or the `ckptfs mount` that a mount helper's arguments stand for
+/// (`mount -t fuse.ckptfs`, `/etc/fstab`).
+fn parse_arguments() -> Result<Cli, String> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let command = Cli::command();
+    let mut names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
+    names.push("help");
+    match ckptfs::mount_helper::translate(&args, &names) {
+        None => Ok(Cli::parse_from(args)),
+        Some(Ok(mount)) => Cli::try_parse_from(mount).map_err(|e| e.to_string()),
+        Some(Err(message)) => Err(message),
+    }
+}
+
+/// Logs go to stderr: info for the mount daemon and warnings for the other commands,
+/// more with -v or -vv, errors only with -q; `RUST_LOG` wins over all of these. The
+/// AWS SDK's own chatter about each credential provider it tries stays quiet unless
+/// asked for: the command's error says why credentials could not be found.
+fn init_logging(cli: &Cli) {
+    let base = match (cli.quiet, cli.verbose, &cli.command) {
+        (true, _, _) => "error",
+        (_, 0, Command::Mount(_)) => "info,aws_config=error",
+        (_, 0, _) => "warn,aws_config=error",
+        (_, 1, _) => {
+            "debug,aws_config=warn,aws_smithy_runtime=info,aws_sdk_s3=info,hyper=info,h2=info,rustls=info"
+        }
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(base));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
     }
 }

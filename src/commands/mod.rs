@@ -8,10 +8,12 @@
 //! daemonising, signals, the refresh thread and the choice of directories. No
 //! library module calls back into this one.
 
+mod docs;
 mod get;
 mod ls;
 mod mount;
 mod put;
+mod status;
 mod verify;
 
 use std::io::{self, IsTerminal};
@@ -33,6 +35,9 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Ls(args) => ls::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
+        Command::Status(args) => status::run(args),
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
     }
 }
 

@@ -31,7 +31,7 @@ pub mod mount;
 mod passthrough;
 pub mod sealer;
 pub mod staging;
-mod status;
+pub mod status;
 pub mod views;
 
 use std::fs::File;

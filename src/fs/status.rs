@@ -52,3 +52,141 @@ pub fn render(
     }
     text.into_bytes()
 }
+
+/// `.status` read back, for `ckptfs status --json`. Parsing lives beside rendering so
+/// that the two cannot drift apart; lines this version does not know are skipped.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    pub store: String,
+    pub listed: Option<String>,
+    pub listing_error: Option<String>,
+    pub counters: Counters,
+    pub seals_in_progress: Vec<String>,
+    pub seals: Vec<String>,
+    pub latencies: Vec<Latency>,
+    pub checkpoints: Vec<CheckpointState>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub checkpoints: u64,
+    pub cache_bytes: u64,
+    pub cache_entries: u64,
+    pub downloads: u64,
+    pub loaded_from_cache: u64,
+    pub loads_waiting: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Latency {
+    pub operation: String,
+    pub requests: u64,
+    pub p50: String,
+    pub p99: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointState {
+    pub sha256: String,
+    pub size: u64,
+    pub time: String,
+    /// `listed`, `verifying`, `verified` or `failed`.
+    pub state: String,
+    pub reason: Option<String>,
+}
+
+fn numbers(text: &str) -> Vec<u64> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+pub fn parse(text: &str) -> Report {
+    let mut report = Report::default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            if let Some(store) = rest.strip_prefix("ckptfs: ") {
+                report.store = store.to_owned();
+            } else if let Some(at) = rest.strip_prefix("listed: ") {
+                report.listed = Some(at.to_owned());
+            } else if let Some(error) = rest.strip_prefix("listing failed: ") {
+                report.listing_error = Some(error.to_owned());
+            } else if let Some(counts) = rest.strip_prefix("checkpoints: ") {
+                if let [n, bytes, entries, downloads, reuses] = numbers(counts)[..] {
+                    let waiting = report.counters.loads_waiting;
+                    report.counters = Counters {
+                        checkpoints: n,
+                        cache_bytes: bytes,
+                        cache_entries: entries,
+                        downloads,
+                        loaded_from_cache: reuses,
+                        loads_waiting: waiting,
+                    };
+                }
+            } else if let Some(n) = rest.strip_prefix("loads waiting for a loader: ") {
+                report.counters.loads_waiting = n.trim().parse().unwrap_or(0);
+            } else if let Some(rest) = rest.strip_prefix("latency ") {
+                let Some((operation, facts)) = rest.split_once(": ") else {
+                    continue;
+                };
+                let parts: Vec<&str> = facts.split(", ").collect();
+                if let [requests, p50, p99] = parts[..] {
+                    report.latencies.push(Latency {
+                        operation: operation.to_owned(),
+                        requests: numbers(requests).first().copied().unwrap_or(0),
+                        p50: p50.trim_start_matches("p50 < ").to_owned(),
+                        p99: p99.trim_start_matches("p99 < ").to_owned(),
+                    });
+                }
+            } else if let Some(name) = rest.strip_prefix("seal in progress: ") {
+                report.seals_in_progress.push(name.to_owned());
+            } else if let Some(outcome) = rest.strip_prefix("seal ") {
+                report.seals.push(outcome.to_owned());
+            }
+            continue;
+        }
+        let fields: Vec<&str> = line.splitn(4, "  ").collect();
+        if let [sha, size, time, state] = fields[..] {
+            let (state, reason) = match state.strip_prefix("FAILED: ") {
+                Some(reason) => ("failed".to_owned(), Some(reason.to_owned())),
+                None => (state.to_owned(), None),
+            };
+            report.checkpoints.push(CheckpointState {
+                sha256: sha.to_owned(),
+                size: size.parse().unwrap_or(0),
+                time: time.to_owned(),
+                state,
+                reason,
+            });
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rendered_text_parses_back() {
+        let text = "# ckptfs: s3://b/p/\n# listed: 2026-12-01T00:00:00Z\n\
+            # checkpoints: 2; cache: 300 bytes in 1 checkpoints; downloads: 4; loaded from cache: 1\n\
+            # loads waiting for a loader: 3\n\
+            # latency lookup: 10 requests, p50 < 32µs, p99 < 1.024ms\n\
+            # seal in progress: turn-9\n# seal turn-8: sealed as abc (stored)\n\
+            aaaa  12  2026-12-01T00:00:00Z  verified\n\
+            bbbb  34  2026-12-01T00:00:01Z  FAILED: Checkpoint checksum mismatch: x  y\n";
+        let report = parse(text);
+        assert_eq!(report.store, "s3://b/p/");
+        assert_eq!(report.counters.downloads, 4);
+        assert_eq!(report.counters.loads_waiting, 3);
+        assert_eq!(report.latencies[0].p99, "1.024ms");
+        assert_eq!(report.seals, vec!["turn-8: sealed as abc (stored)"]);
+        assert_eq!(report.checkpoints.len(), 2);
+        assert_eq!(report.checkpoints[1].state, "failed");
+        assert_eq!(
+            report.checkpoints[1].reason.as_deref(),
+            Some("Checkpoint checksum mismatch: x  y")
+        );
+    }
+}

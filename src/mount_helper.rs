@@ -1,0 +1,210 @@
+//! `mount -t fuse.ckptfs SOURCE MOUNTPOINT -o OPTIONS`, and the same line in
+//! `/etc/fstab`: the arguments `mount.fuse3` (or a `mount.fuse.ckptfs` link to the
+//! binary) hands over, turned into `ckptfs mount SOURCE MOUNTPOINT --option...`.
+//!
+//! mount(8) runs `/sbin/mount.fuse.ckptfs` if it exists, else fuse3's
+//! `mount.fuse3`, which runs `ckptfs SOURCE MOUNTPOINT -o OPTIONS` from a fixed
+//! `PATH` (`/usr/local/bin` and the system directories). Every `ckptfs mount` flag has
+//! an `-o` spelling: `cache_dir=DIR` is `--cache-dir DIR`, `allow_other` is
+//! `--allow-other`, `ro` is `--read-only`. mount(8) options that concern it only
+//! (`noauto`, `_netdev`, `x-systemd.*`, `nofail`, `user`...) are dropped, and so are
+//! `suid`, `dev`, `exec` and their opposites: a ckptfs mount is always
+//! `nosuid,nodev`, whatever is asked.
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+
+/// Options that mount(8) and mount.fuse3 pass or keep for themselves.
+const IGNORED: &[&str] = &[
+    "rw",
+    "suid",
+    "nosuid",
+    "dev",
+    "nodev",
+    "exec",
+    "noexec",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "defaults",
+    "nofail",
+    "_netdev",
+    "async",
+    "sync",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+];
+
+/// The `ckptfs mount` arguments for a mount-helper invocation, or `None` when `args`
+/// (the process's arguments, the program first) is an ordinary `ckptfs` command line.
+pub fn translate(args: &[OsString], subcommands: &[&str]) -> Option<Result<Vec<OsString>, String>> {
+    let program = Path::new(args.first()?).file_name().unwrap_or_default();
+    let as_helper = program.to_string_lossy().starts_with("mount.");
+    let first = args.get(1)?.to_string_lossy();
+    // mount.fuse3 always passes `-o` (as root it adds at least `dev,suid`); without it a
+    // word that is not a subcommand is more likely a typo, which clap explains better.
+    let has_options = args.iter().any(|a| a.to_string_lossy().starts_with("-o"));
+    let looks_like_helper =
+        has_options && !first.starts_with('-') && !subcommands.contains(&first.as_ref());
+    if !(as_helper || looks_like_helper) {
+        return None;
+    }
+    Some(parse(&args[1..]))
+}
+
+fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
+    let mut positional = Vec::new();
+    let mut options: Vec<String> = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("-o") => {
+                let value = args.next().ok_or("-o needs a value")?;
+                let value = value.to_str().ok_or("mount options must be UTF-8")?;
+                options.extend(
+                    value
+                        .split(',')
+                        .filter(|o| !o.is_empty())
+                        .map(str::to_owned),
+                );
+            }
+            Some(o) if o.starts_with("-o") => {
+                options.extend(
+                    o[2..]
+                        .split(',')
+                        .filter(|o| !o.is_empty())
+                        .map(str::to_owned),
+                );
+            }
+            // mount(8)'s own flags: no mtab, sloppy, verbose.
+            Some("-n" | "-s" | "-v") => {}
+            Some("-t") => {
+                args.next();
+            }
+            Some(o) if o.starts_with('-') => {
+                return Err(format!(
+                    "unexpected mount option {o:?} (give options with -o)"
+                ));
+            }
+            _ => positional.push(arg.clone()),
+        }
+    }
+    let [source, mountpoint] = positional.as_slice() else {
+        return Err("usage: ckptfs STORE MOUNTPOINT [-o OPTIONS] (as mount.fuse3 runs it)".into());
+    };
+    let mut out: Vec<OsString> = vec![
+        "ckptfs".into(),
+        "mount".into(),
+        source.clone(),
+        mountpoint.clone(),
+    ];
+    for option in &options {
+        let (key, value) = match option.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (option.as_str(), None),
+        };
+        if IGNORED.contains(&key) || key.starts_with("x-") || key.starts_with("comment") {
+            continue;
+        }
+        let flag = match key {
+            "ro" => "read-only".to_owned(),
+            // The mount is `nosuid,nodev` and served by the daemon whatever fsname says.
+            "fsname" | "subtype" => continue,
+            other => other.replace('_', "-"),
+        };
+        out.push(OsString::from(format!("--{flag}")));
+        if let Some(value) = value {
+            out.push(OsStr::new(value).to_owned());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &[&str]) -> Vec<OsString> {
+        line.iter().map(OsString::from).collect()
+    }
+
+    const COMMANDS: &[&str] = &["mount", "put", "get"];
+
+    #[test]
+    fn mount_fuse3_lines_become_mount_commands() {
+        let got = translate(
+            &args(&[
+                "ckptfs",
+                "s3://b/p",
+                "/mnt/ckpt",
+                "-o",
+                "ro,allow_other,cache_dir=/var/cache/c,refresh=10,dev,suid",
+            ]),
+            COMMANDS,
+        );
+        let want = args(&[
+            "ckptfs",
+            "mount",
+            "s3://b/p",
+            "/mnt/ckpt",
+            "--read-only",
+            "--allow-other",
+            "--cache-dir",
+            "/var/cache/c",
+            "--refresh",
+            "10",
+        ]);
+        assert_eq!(got, Some(Ok(want)));
+    }
+
+    #[test]
+    fn ordinary_command_lines_are_left_alone() {
+        assert_eq!(
+            translate(&args(&["ckptfs", "put", "store", "dir"]), COMMANDS),
+            None
+        );
+        assert_eq!(translate(&args(&["ckptfs", "--help"]), COMMANDS), None);
+        assert_eq!(translate(&args(&["ckptfs"]), COMMANDS), None);
+        // A mistyped subcommand is clap's to explain, not a mount.
+        assert_eq!(translate(&args(&["ckptfs", "lss", "store"]), COMMANDS), None);
+    }
+
+    #[test]
+    fn a_helper_link_is_a_mount_whatever_its_arguments() {
+        let got = translate(
+            &args(&[
+                "/sbin/mount.fuse.ckptfs",
+                "put",
+                "/mnt",
+                "-o",
+                "noauto,_netdev,x-systemd.automount,owner_self",
+            ]),
+            COMMANDS,
+        );
+        assert_eq!(
+            got,
+            Some(Ok(args(&[
+                "ckptfs",
+                "mount",
+                "put",
+                "/mnt",
+                "--owner-self"
+            ])))
+        );
+        let bad = translate(&args(&["mount.ckptfs", "only-one"]), COMMANDS);
+        assert!(matches!(bad, Some(Err(_))));
+    }
+}
