@@ -126,8 +126,13 @@ pub enum CheckpointError {
     Archive(#[from] ArchiveError),
     #[error("no checkpoint matches {0:?}")]
     UnknownPrefix(String),
-    #[error("{prefix:?} matches {count} checkpoints; give more digits")]
-    AmbiguousPrefix { prefix: String, count: usize },
+    #[error("{0:?} is not a sha256 digest or a prefix of one (hex digits 0-9, a-f)")]
+    NotADigest(String),
+    #[error("{prefix:?} matches {} checkpoints ({}); give more digits", matches.len(), shown(matches))]
+    AmbiguousPrefix {
+        prefix: String,
+        matches: Vec<CheckpointId>,
+    },
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },
 }
@@ -135,8 +140,9 @@ pub enum CheckpointError {
 /// Every checkpoint in the store, oldest first (ties broken by digest, so the order
 /// is stable). Other objects under the prefix are ignored.
 pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> {
-    let mut checkpoints: Vec<_> = store
-        .list()?
+    let objects = store.list()?;
+    let object_count = objects.len();
+    let mut checkpoints: Vec<_> = objects
         .into_iter()
         .filter_map(
             |ObjectInfo {
@@ -153,6 +159,12 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
         )
         .collect();
     checkpoints.sort_by(|a, b| (a.last_modified, &a.id).cmp(&(b.last_modified, &b.id)));
+    tracing::debug!(
+        store = %store.describe(),
+        objects = object_count,
+        checkpoints = checkpoints.len(),
+        "listed the store (objects not named <sha256>.tar.gz are ignored)"
+    );
     Ok(checkpoints)
 }
 
@@ -164,7 +176,7 @@ pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, Che
         return Ok(id);
     }
     if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(CheckpointError::UnknownPrefix(given.to_owned()));
+        return Err(CheckpointError::NotADigest(given.to_owned()));
     }
     let matches: Vec<_> = list(store)?
         .into_iter()
@@ -175,9 +187,24 @@ pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, Che
         [] => Err(CheckpointError::UnknownPrefix(given.to_owned())),
         many => Err(CheckpointError::AmbiguousPrefix {
             prefix: given.to_owned(),
-            count: many.len(),
+            matches: many.iter().map(|c| c.id.clone()).collect(),
         }),
     }
+}
+
+/// The first few of `ids`, for a message.
+fn shown(ids: &[CheckpointId]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = ids
+        .iter()
+        .take(SHOWN)
+        .map(CheckpointId::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ids.len() > SHOWN {
+        text.push_str(&format!(" and {} more", ids.len() - SHOWN));
+    }
+    text
 }
 
 /// Wraps an object's byte stream: hashes and counts every byte, and at the end tells
@@ -284,7 +311,11 @@ pub fn open(
 
 /// Downloads and checks one checkpoint, keeping nothing.
 pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
-    open(store, id, u64::MAX)?.finish().map(drop)
+    let reader = open(store, id, u64::MAX)?;
+    tracing::debug!(checkpoint = %id, bytes = reader.announced, "downloading to verify");
+    let read = reader.finish()?;
+    tracing::debug!(checkpoint = %id, bytes = read, "length and sha256 match the name");
+    Ok(())
 }
 
 /// The outcome of [`put`].
@@ -337,7 +368,15 @@ pub fn put(
 ) -> Result<PutReport, CheckpointError> {
     let root = open_tree(dir)?;
     let (archive, written) = write_archive_file(root.as_fd(), options, &mut io::sink())?;
-    store_archive(store, archive.path(), &written, progress)
+    tracing::debug!(
+        dir = %dir.display(),
+        sha256 = %written.sha256,
+        bytes = written.size,
+        "archived; storing"
+    );
+    let report = store_archive(store, archive.path(), &written, progress)?;
+    tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored");
+    Ok(report)
 }
 
 /// Opens the directory to capture. The path is the caller's own and may go through
@@ -458,7 +497,8 @@ pub fn get(
         progress(done, announced)
     })
     .map_err(io_err(format!("download checkpoint {id}")))?;
-    reader.finish()?;
+    let read = reader.finish()?;
+    tracing::debug!(checkpoint = %id, bytes = read, "downloaded and verified; extracting");
     let file = temp.reopen().map_err(io_err("reopen download".into()))?;
     let tar = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(1 << 20, file));
     Ok(archive::extract::extract(tar, dest, options.limits)?)

@@ -55,7 +55,7 @@ fn init_logging(cli: &Cli) {
         (_, 0, Command::Mount(_)) => "info,aws_config=error",
         (_, 0, _) => "warn,aws_config=error",
         (_, 1, _) => {
-            "debug,aws_config=warn,aws_smithy_runtime=info,aws_sdk_s3=info,hyper=info,h2=info,rustls=info"
+            "debug,aws_config=warn,aws=info,hyper=info,hyper_util=info,h2=info,rustls=info"
         }
         _ => "trace",
     };

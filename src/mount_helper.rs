@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(translate(&args(&["ckptfs", "--help"]), COMMANDS), None);
         assert_eq!(translate(&args(&["ckptfs"]), COMMANDS), None);
         // A mistyped subcommand is clap's to explain, not a mount.
-        assert_eq!(translate(&args(&["ckptfs", "lss", "store"]), COMMANDS), None);
+        assert_eq!(
+            translate(&args(&["ckptfs", "lss", "store"]), COMMANDS),
+            None
+        );
     }
 
     #[test]

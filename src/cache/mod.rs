@@ -112,7 +112,18 @@ pub fn private_dir(path: &Path) -> Result<(), CacheError> {
         .recursive(true)
         .mode(0o700)
         .create(path)
-        .map_err(io_err(path))?;
+        .map_err(|e| {
+            // EEXIST from a directory builder means a file is in the way.
+            let e = if e.kind() == io::ErrorKind::AlreadyExists {
+                io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    "exists and is not a directory",
+                )
+            } else {
+                e
+            };
+            io_err(path)(e)
+        })?;
     let dir = rustix::fs::open(
         path,
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,

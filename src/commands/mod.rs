@@ -20,7 +20,7 @@ use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{Cli, Command};
@@ -43,8 +43,8 @@ pub fn run(cli: Cli) -> Result<i32> {
 
 /// What the `STORE` argument `url` names, with the global `--endpoint-url`.
 fn store_config(cli: &Cli, url: &str, part_size: u64) -> Result<StoreConfig> {
-    let mut config = StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)
-        .with_context(|| format!("cannot open store {url}"))?;
+    // Store errors name the store already.
+    let mut config = StoreConfig::parse(url, cli.endpoint_url.clone(), part_size)?;
     if let StoreConfig::S3 { stall_timeout, .. } = &mut config {
         *stall_timeout = cli.stall_timeout;
     }
@@ -53,11 +53,11 @@ fn store_config(cli: &Cli, url: &str, part_size: u64) -> Result<StoreConfig> {
 
 /// Opens the store the `STORE` argument `url` names.
 fn open_store(cli: &Cli, url: &str, part_size: u64) -> Result<Arc<dyn ObjectStore>> {
-    open_config(&store_config(cli, url, part_size)?, url)
+    open_config(&store_config(cli, url, part_size)?)
 }
 
-fn open_config(config: &StoreConfig, url: &str) -> Result<Arc<dyn ObjectStore>> {
-    store::open(config).with_context(|| format!("cannot open store {url}"))
+fn open_config(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>> {
+    Ok(store::open(config)?)
 }
 
 /// A progress bar of bytes on stderr, or a hidden one when stderr is not a terminal.

@@ -33,6 +33,8 @@ use crate::fs::{CheckpointFs, FsConfig, StagingTree};
 const READY_FD_ENV: &str = "CKPTFS_READY_FD";
 
 pub(super) fn run(cli: &Cli, args: &MountArgs) -> Result<i32> {
+    detach_dead_mount(&args.mountpoint)?;
+    check_mountpoint(&args.mountpoint)?;
     if args.foreground {
         serve(cli, args)?;
     } else {
@@ -49,7 +51,6 @@ fn serve(cli: &Cli, args: &MountArgs) -> Result<()> {
         .with_context(|| format!("cannot list {}", args.store))?;
     spawn_refresher(Arc::downgrade(&fs), args.refresh);
 
-    detach_dead_mount(&args.mountpoint)?;
     let options = MountOptions {
         mountpoint: args.mountpoint.clone(),
         fsname: format!("ckptfs:{}", args.store),
@@ -61,11 +62,10 @@ fn serve(cli: &Cli, args: &MountArgs) -> Result<()> {
         .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
     let mut unmounter = session.unmounter();
     let mountpoint = args.mountpoint.clone();
+    let mut signals = 0;
     ctrlc::set_handler(move || {
-        tracing::info!(mountpoint = %mountpoint.display(), "signal received; unmounting");
-        if let Err(e) = unmounter.unmount() {
-            tracing::error!(error = %e, "unmount failed");
-        }
+        signals += 1;
+        on_signal(signals, &mountpoint, &mut unmounter);
     })
     .context("cannot install the signal handler")?;
     tracing::info!(mountpoint = %args.mountpoint.display(), store = %args.store, "mounted");
@@ -75,14 +75,124 @@ fn serve(cli: &Cli, args: &MountArgs) -> Result<()> {
     Ok(())
 }
 
+/// SIGINT or SIGTERM number `count`. The first unmounts, which fails while a process
+/// uses the mount (its working directory or an open file there): the daemon then
+/// goes on serving, since those processes would otherwise see errors. The second
+/// detaches the mount lazily: it leaves the directory tree at once, and the daemon
+/// exits when the last process using it lets go. The third exits at once.
+fn on_signal(count: usize, mountpoint: &Path, unmounter: &mut mount::Unmounter) {
+    let shown = mountpoint.display();
+    match count {
+        1 => {
+            tracing::info!(mountpoint = %shown, "signal received; unmounting");
+            if let Err(e) = unmounter.unmount() {
+                tracing::warn!(
+                    mountpoint = %shown,
+                    error = %e,
+                    "cannot unmount: a process is using the mount (`fuser -vm {shown}` \
+                     names it); still serving. Send the signal again to detach the mount \
+                     lazily, or end that process and unmount"
+                );
+            }
+        }
+        2 => {
+            tracing::info!(mountpoint = %shown, "second signal: detaching the mount lazily");
+            match mount::detach(mountpoint) {
+                Ok(how) => tracing::info!(
+                    mountpoint = %shown,
+                    with = how,
+                    "detached; the daemon exits when the last process using the mount \
+                     leaves it (a third signal exits now)"
+                ),
+                Err(e) => {
+                    tracing::error!(mountpoint = %shown, error = %e, "cannot detach the mount")
+                }
+            }
+        }
+        _ => {
+            tracing::warn!(
+                mountpoint = %shown,
+                "third signal: exiting now; processes still using the mount get \
+                 'Transport endpoint is not connected'"
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Refuses a mount point that is missing, not a directory, not empty (mounting would
+/// hide what is there) or already mounted (a second mount would stack on the first,
+/// and one unmount would take both down).
+fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags};
+    let shown = mountpoint.display();
+    let meta = match std::fs::metadata(mountpoint) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("mount point {shown} does not exist (create an empty directory)")
+        }
+        Err(e) => bail!("mount point {shown}: {e}"),
+    };
+    if !meta.is_dir() {
+        bail!("mount point {shown} is not a directory");
+    }
+    let statx = rustix::fs::statx(
+        CWD,
+        mountpoint,
+        AtFlags::NO_AUTOMOUNT,
+        StatxFlags::BASIC_STATS,
+    );
+    if let Ok(statx) = statx
+        && statx
+            .stx_attributes_mask
+            .contains(StatxAttributes::MOUNT_ROOT)
+        && statx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
+    {
+        bail!(
+            "{shown} is already a mount point{}; unmount it first (`fusermount3 -u {shown}` \
+             or `umount {shown}`)",
+            mounted_source(mountpoint)
+                .map(|source| format!(" (of {source})"))
+                .unwrap_or_default()
+        );
+    }
+    let entries = std::fs::read_dir(mountpoint)
+        .with_context(|| format!("cannot read the mount point {shown}"))?
+        .count();
+    if entries > 0 {
+        bail!(
+            "mount point {shown} is not empty ({entries} {}): a mount would hide them; \
+             use an empty directory",
+            if entries == 1 { "entry" } else { "entries" }
+        );
+    }
+    Ok(())
+}
+
+/// What is mounted on `mountpoint`, from `/proc/self/mounts`.
+fn mounted_source(mountpoint: &Path) -> Option<String> {
+    let target = std::fs::canonicalize(mountpoint).ok()?;
+    // Spaces and the like are octal escapes there, as in fstab.
+    let target = target
+        .to_str()?
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let source = fields.next()?;
+        (fields.next()? == target).then(|| source.to_owned())
+    })
+}
+
 /// The store, the cache, the staging tree, and the filesystem over them.
 fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let store = open_store(cli, &args.store, args.part_size)?;
     let cache_dir = cache_dir(args)?;
-    let cache = Arc::new(
-        Cache::open(&cache_dir, args.cache_size)
-            .with_context(|| format!("cannot open cache {}", cache_dir.display()))?,
-    );
+    // Cache errors name the directory.
+    let cache = Arc::new(Cache::open(&cache_dir, args.cache_size)?);
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let staging_dir = args
@@ -198,47 +308,14 @@ fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
         mountpoint = %mountpoint.display(),
         "the mount point is a dead FUSE mount (its daemon was killed); detaching it"
     );
-    let how = match umount_detach(mountpoint) {
-        Ok(()) => "umount2(MNT_DETACH)",
-        Err(umount_error) => {
-            let fusermount = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(mountpoint)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output();
-            match fusermount {
-                Ok(out) if out.status.success() => "fusermount3 -u -z",
-                Ok(out) => bail!(
-                    "cannot detach the dead mount on {}: umount2: {umount_error}; \
-                     fusermount3 -u -z: {}",
-                    mountpoint.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-                Err(e) => bail!(
-                    "cannot detach the dead mount on {}: umount2: {umount_error}; \
-                     fusermount3: {e}",
-                    mountpoint.display()
-                ),
-            }
-        }
-    };
+    let how = mount::detach(mountpoint).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot detach the dead mount on {}: {e}",
+            mountpoint.display()
+        )
+    })?;
     tracing::info!(mountpoint = %mountpoint.display(), with = how, "detached the dead mount");
     Ok(())
-}
-
-/// `umount2(path, MNT_DETACH)`.
-fn umount_detach(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: `path` is a NUL-terminated string that lives across the call.
-    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// In the daemon: tells the waiting parent that the mount is up.
@@ -258,8 +335,7 @@ fn report_ready() {
 /// report that the mount is ready.
 fn spawn_daemon(args: &MountArgs) -> Result<()> {
     let cache_dir = cache_dir(args)?;
-    cache::private_dir(&cache_dir)
-        .with_context(|| format!("cannot use the cache directory {}", cache_dir.display()))?;
+    cache::private_dir(&cache_dir)?;
     let log_path = cache_dir.join("ckptfs.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -309,6 +385,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
         .lines()
         .rev()
         .find(|l| l.contains("error"))
+        .map(|l| l.trim_start_matches("ckptfs: error: "))
         .unwrap_or("see the log");
     bail!(
         "the mount daemon exited ({}) before the mount was ready: {last} (log: {})",

@@ -21,7 +21,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             .with_context(|| format!("cannot create the store directory {}", args.store))?;
         eprintln!("created the store directory {}", args.store);
     }
-    let store = open_config(&config, &args.store)?;
+    let store = open_config(&config)?;
     let upload = bar(0, "uploading");
     let report = checkpoint::put(
         store.as_ref(),

@@ -12,7 +12,8 @@
 //! prints and never exits.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use fuser::{Config, MountOption, SessionACL};
@@ -94,5 +95,32 @@ impl Unmounter {
     /// Unmounts; a second call does nothing.
     pub fn unmount(&mut self) -> io::Result<()> {
         self.unmounter.unmount()
+    }
+}
+
+/// Lazily detaches the mount on `mountpoint` (`umount -l`): it leaves the directory
+/// tree at once, and the kernel ends it when the last process using it lets go. With
+/// `umount2(MNT_DETACH)` where the caller may unmount (root), else with `fusermount3
+/// -u -z` (the mount's owner). Returns which one worked.
+pub fn detach(mountpoint: &Path) -> Result<&'static str, String> {
+    let umount_error = match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
+    {
+        Ok(()) => return Ok("umount2(MNT_DETACH)"),
+        Err(e) => io::Error::from(e),
+    };
+    let fusermount = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output();
+    match fusermount {
+        Ok(out) if out.status.success() => Ok("fusermount3 -u -z"),
+        Ok(out) => Err(format!(
+            "umount2: {umount_error}; fusermount3 -u -z: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("umount2: {umount_error}; fusermount3: {e}")),
     }
 }

@@ -72,6 +72,14 @@ impl LocalStore {
                 dir,
                 io::Error::new(io::ErrorKind::InvalidInput, "not a directory"),
             )),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::io(
+                "open store",
+                dir,
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no such directory (`ckptfs put` creates a store)",
+                ),
+            )),
             Err(e) => Err(StoreError::io("open store", dir, e)),
         }
     }

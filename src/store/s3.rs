@@ -26,6 +26,7 @@ use std::time::{Duration, SystemTime};
 use aws_config::environment::region::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::profile::ProfileFileRegionProvider;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
@@ -52,6 +53,8 @@ pub struct S3Store {
     part_size: u64,
     /// A download that receives nothing for this long fails.
     stall_timeout: Duration,
+    /// Where requests go, for messages: the custom endpoint, or S3 in its region.
+    endpoint: String,
 }
 
 impl S3Store {
@@ -93,7 +96,7 @@ impl S3Store {
             .cloned()
             .unwrap_or_else(|| Region::new("us-east-1"));
         let config = aws_sdk_s3::config::Builder::from(&sdk_config)
-            .region(region)
+            .region(region.clone())
             .force_path_style(endpoint.is_some())
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
@@ -110,6 +113,7 @@ impl S3Store {
             },
             part_size: part_size.max(MIN_PART_SIZE),
             stall_timeout,
+            endpoint: endpoint.unwrap_or_else(|| format!("S3 in {region}")),
         })
     }
 
@@ -124,6 +128,7 @@ impl S3Store {
         remote_error(
             operation,
             format!("s3://{}/{}", self.bucket, self.key(name)),
+            &self.endpoint,
             err,
         )
     }
@@ -284,9 +289,10 @@ impl S3Store {
                     .key(self.key(name))
                     .upload_id(upload_id)
                     .part_number(number);
-                let (path, shown) = (
+                let (path, shown, endpoint) = (
                     path.to_owned(),
                     format!("s3://{}/{}", self.bucket, self.key(name)),
+                    self.endpoint.clone(),
                 );
                 // Each part carries the SHA-256 of its bytes, hashed in the part's own
                 // task so that hashing overlaps with the other parts' uploads.
@@ -314,7 +320,7 @@ impl S3Store {
                         .body(body)
                         .send()
                         .await
-                        .map_err(|e| remote_error("UploadPart", shown, &e))?;
+                        .map_err(|e| remote_error("UploadPart", shown, &endpoint, &e))?;
                     let part = CompletedPart::builder()
                         .part_number(number)
                         .set_e_tag(uploaded.e_tag().map(str::to_owned))
@@ -360,28 +366,113 @@ fn without_userinfo(url: &str) -> String {
     }
 }
 
-fn remote_error<E>(operation: &'static str, name: String, err: &SdkError<E>) -> StoreError
+fn remote_error<E>(
+    operation: &'static str,
+    name: String,
+    endpoint: &str,
+    err: &SdkError<E>,
+) -> StoreError
 where
     E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
 {
-    // Service errors carry a code and message worth showing; for the others
-    // (connection refused, timeouts) the whole chain of causes is the message.
-    let message = match err {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
-            match (service.err().code(), service.err().message()) {
-                (Some(code), Some(text)) => format!("{code}: {text} (HTTP {status})"),
-                (Some(code), None) => format!("{code} (HTTP {status})"),
-                _ => format!("HTTP {status}: {}", DisplayErrorContext(err)),
-            }
-        }
-        other => DisplayErrorContext(other).to_string(),
-    };
+    // The SDK's own text is a page of nested Debug output; users get one sentence
+    // that says what to do, and `-v` shows the whole chain of causes.
+    tracing::debug!(operation, %name, error = %DisplayErrorContext(err), "S3 request failed");
     StoreError::Remote {
         operation,
         name,
-        message,
+        message: explain(endpoint, err),
     }
+}
+
+/// One sentence for an S3 failure, naming its cause and, where there is one, the fix.
+fn explain<E>(endpoint: &str, err: &SdkError<E>) -> String
+where
+    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+{
+    if let Some(credentials) = cause::<CredentialsError>(err) {
+        return match credentials {
+            CredentialsError::CredentialsNotLoaded(_) if let Some(profile) = aws_profile() => {
+                format!(
+                    "no AWS credentials found for profile {profile:?} (AWS_PROFILE): is it in \
+                     ~/.aws/config or ~/.aws/credentials, with credentials or a way to get them?"
+                )
+            }
+            CredentialsError::CredentialsNotLoaded(_) => "no AWS credentials found: set \
+                AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile \
+                in ~/.aws/config or ~/.aws/credentials, or run with an instance or \
+                container role"
+                .to_owned(),
+            other => format!("cannot load AWS credentials: {}", innermost(other)),
+        };
+    }
+    match err {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let code = service.err().code().unwrap_or("");
+            let text = service.err().message().unwrap_or("");
+            match code {
+                "NoSuchBucket" => "no such bucket (NoSuchBucket)".to_owned(),
+                "InvalidAccessKeyId" => "the server does not know this access key \
+                    (InvalidAccessKeyId): check AWS_ACCESS_KEY_ID or the profile"
+                    .to_owned(),
+                "SignatureDoesNotMatch" => "the secret key does not match the access key \
+                    (SignatureDoesNotMatch): check AWS_SECRET_ACCESS_KEY or the profile"
+                    .to_owned(),
+                "AccessDenied" | "AllAccessDisabled" => format!(
+                    "access denied ({code}): the credentials in use are not allowed this \
+                     request{}",
+                    if text.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; the server says: {text}")
+                    }
+                ),
+                "" => format!("HTTP {status} from {endpoint}"),
+                _ if text.is_empty() => format!("{code} (HTTP {status})"),
+                _ => format!("{code}: {text} (HTTP {status})"),
+            }
+        }
+        SdkError::DispatchFailure(failure) if failure.is_timeout() => {
+            format!("cannot connect to {endpoint}: timed out")
+        }
+        SdkError::DispatchFailure(failure) if failure.is_io() => {
+            format!("cannot connect to {endpoint}: {}", innermost(err))
+        }
+        SdkError::TimeoutError(_) => format!("no answer from {endpoint} in time"),
+        SdkError::ResponseError(_) => {
+            format!("unreadable answer from {endpoint}: {}", innermost(err))
+        }
+        _ => innermost(err),
+    }
+}
+
+fn aws_profile() -> Option<String> {
+    std::env::var("AWS_PROFILE").ok().filter(|p| !p.is_empty())
+}
+
+/// The first error of type `T` in `err`'s chain of causes.
+fn cause<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// The message of the last error in the chain: the root cause, such as "Connection
+/// refused (os error 111)".
+fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = err;
+    while let Some(source) = last.source() {
+        last = source;
+    }
+    last.to_string()
 }
 
 /// The `x-amz-checksum-sha256` value (base64 of the digest) of `path`'s bytes from
