@@ -156,27 +156,45 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
     Ok(checkpoints)
 }
 
-/// Resolves a full digest or an unambiguous prefix of one.
+/// Resolves a full digest or an unambiguous prefix of one. A full digest is taken
+/// as it is, without a listing.
 pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, CheckpointError> {
-    let given = given.trim().to_ascii_lowercase();
-    let given = given.strip_suffix(OBJECT_SUFFIX).unwrap_or(&given);
-    if let Some(id) = CheckpointId::parse(given) {
+    if let Some(id) = CheckpointId::parse(&normalize_name(given)) {
         return Ok(id);
     }
+    resolve_listed(&list(store)?, given).map(|c| c.id.clone())
+}
+
+/// The checkpoint of `checkpoints` (a listing) that a full digest or an unambiguous
+/// prefix of one names.
+pub fn resolve_listed<'a>(
+    checkpoints: &'a [CheckpointInfo],
+    given: &str,
+) -> Result<&'a CheckpointInfo, CheckpointError> {
+    let given = normalize_name(given);
     if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(CheckpointError::UnknownPrefix(given.to_owned()));
+        return Err(CheckpointError::UnknownPrefix(given));
     }
-    let matches: Vec<_> = list(store)?
-        .into_iter()
-        .filter(|c| c.id.as_str().starts_with(given))
+    let matches: Vec<_> = checkpoints
+        .iter()
+        .filter(|c| c.id.as_str().starts_with(&given))
         .collect();
     match matches.as_slice() {
-        [one] => Ok(one.id.clone()),
-        [] => Err(CheckpointError::UnknownPrefix(given.to_owned())),
+        [one] => Ok(one),
+        [] => Err(CheckpointError::UnknownPrefix(given)),
         many => Err(CheckpointError::AmbiguousPrefix {
-            prefix: given.to_owned(),
             count: many.len(),
+            prefix: given,
         }),
+    }
+}
+
+/// A digest as typed: trimmed, lowercase, without the object suffix.
+fn normalize_name(given: &str) -> String {
+    let given = given.trim().to_ascii_lowercase();
+    match given.strip_suffix(OBJECT_SUFFIX) {
+        Some(stem) => stem.to_owned(),
+        None => given,
     }
 }
 
