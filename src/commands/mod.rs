@@ -1,5 +1,6 @@
-//! The commands behind the CLI, one file each: [`put`], [`get`], [`verify`], [`ls`]
-//! and [`mount`] (the daemon). This is the glue between arguments, the library and
+//! The commands behind the CLI, one file each: [`put`], [`get`], [`verify`], [`ls`],
+//! [`mount`] (the daemon), and the review commands [`log`], [`diff`], [`cat`] and
+//! [`find`], which share a [`review_session`]. This is the glue between arguments, the library and
 //! the terminal, and the one layer (with `main.rs`) that uses `anyhow` and prints:
 //! results on stdout, progress bars and notes on stderr.
 //!
@@ -8,10 +9,15 @@
 //! daemonising, signals, the refresh thread and the choice of directories. No
 //! library module calls back into this one.
 
+mod cat;
+mod diff;
+mod find;
 mod get;
+mod log;
 mod ls;
 mod mount;
 mod put;
+mod review_session;
 mod verify;
 
 use std::io::{self, IsTerminal};
@@ -33,6 +39,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Ls(args) => ls::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
+        Command::Log(args) => log::run(&cli, args),
+        Command::Diff(args) => diff::run(&cli, args),
+        Command::Cat(args) => cat::run(&cli, args),
+        Command::Find(args) => find::run(&cli, args),
     }
 }
 
