@@ -14,6 +14,7 @@ pub(super) fn run(cli: &Cli, args: &CatArgs) -> Result<i32> {
     let session = Session::open(cli, &args.store, &args.review)?;
     let info = session.resolve(&args.checkpoint)?;
     let checkpoint = session.load(info)?;
+    session.trim(&[&info.id]);
     let mut file = open_file(&checkpoint, args.path.as_bytes())
         .with_context(|| format!("checkpoint {}", info.id))?;
     let mut out = io::stdout().lock();

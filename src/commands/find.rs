@@ -19,6 +19,7 @@ pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
     let session = Session::open(cli, &args.store, &args.review)?;
     let info = session.resolve(&args.checkpoint)?;
     let checkpoint = session.load(info)?;
+    session.trim(&[&info.id]);
     let end: &[u8] = if args.null { b"\0" } else { b"\n" };
     let mut out = io::BufWriter::new(io::stdout().lock());
     walk(&checkpoint.index, |path, _, _| -> io::Result<()> {
