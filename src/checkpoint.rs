@@ -159,10 +159,14 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
 /// Resolves a full digest or an unambiguous prefix of one. A full digest is taken
 /// as it is, without a listing.
 pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, CheckpointError> {
-    if let Some(id) = CheckpointId::parse(&normalize_name(given)) {
+    let name = normalize_name(given);
+    if let Some(id) = CheckpointId::parse(&name) {
         return Ok(id);
     }
-    resolve_listed(&list(store)?, given).map(|c| c.id.clone())
+    if !is_prefix(&name) {
+        return Err(CheckpointError::UnknownPrefix(name));
+    }
+    resolve_listed(&list(store)?, &name).map(|c| c.id.clone())
 }
 
 /// The checkpoint of `checkpoints` (a listing) that a full digest or an unambiguous
@@ -172,7 +176,7 @@ pub fn resolve_listed<'a>(
     given: &str,
 ) -> Result<&'a CheckpointInfo, CheckpointError> {
     let given = normalize_name(given);
-    if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !is_prefix(&given) {
         return Err(CheckpointError::UnknownPrefix(given));
     }
     let matches: Vec<_> = checkpoints
@@ -187,6 +191,10 @@ pub fn resolve_listed<'a>(
             prefix: given,
         }),
     }
+}
+
+fn is_prefix(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// A digest as typed: trimmed, lowercase, without the object suffix.

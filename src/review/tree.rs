@@ -523,6 +523,89 @@ pub(super) mod tests {
         );
     }
 
+    /// A real cache entry of a tar holding `small` (packed), `big` (a file of its own),
+    /// `dir/` and `link -> small`.
+    fn cached_checkpoint() -> (
+        tempfile::TempDir,
+        std::sync::Arc<VerifiedCheckpoint>,
+        Vec<u8>,
+    ) {
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, kind: tar::EntryType, data: &[u8], link: Option<&str>| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(0o644);
+            header.set_size(data.len() as u64);
+            if let Some(link) = link {
+                header.set_link_name(link).unwrap();
+            }
+            tar.append_data(&mut header, path, data).unwrap();
+        };
+        add("small", tar::EntryType::Regular, b"small file\n", None);
+        add("big", tar::EntryType::Regular, &big, None);
+        add("dir", tar::EntryType::Directory, b"", None);
+        add("link", tar::EntryType::Symlink, b"", Some("small"));
+        let tar = tar.into_inner().unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let cache = crate::cache::Cache::open(dir.path(), u64::MAX).unwrap();
+        let id = crate::checkpoint::CheckpointId::parse(&"a".repeat(64)).unwrap();
+        let mut pending = cache.begin().unwrap();
+        let index = crate::archive::index::build(
+            &tar[..],
+            &mut pending,
+            crate::archive::Limits::DEFAULT,
+            0,
+        )
+        .unwrap();
+        let checkpoint = cache.finish(pending, &id, index).unwrap();
+        (dir, checkpoint, big)
+    }
+
+    fn read(checkpoint: &VerifiedCheckpoint, path: &[u8]) -> io::Result<Vec<u8>> {
+        let mut data = Vec::new();
+        open_file(checkpoint, path)
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    #[test]
+    fn files_read_back_verified_from_the_cache() {
+        let (dir, checkpoint, big) = cached_checkpoint();
+        assert_eq!(read(&checkpoint, b"small").unwrap(), b"small file\n");
+        assert_eq!(read(&checkpoint, b"/big").unwrap(), big);
+        let node = lookup(&checkpoint.index, b"big").unwrap();
+        let reader = FileReader::new(&checkpoint, node).unwrap();
+        assert_eq!(reader.size(), big.len() as u64);
+        assert_eq!(reader.read_all(1000).unwrap(), None, "over the bound");
+        for (path, error) in [
+            (&b"dir"[..], "dir is a directory"),
+            (b"link", "link is a symbolic link to small"),
+            (b"", "/ is a directory"),
+        ] {
+            let Err(e) = open_file(&checkpoint, path) else {
+                panic!("{path:?} opened")
+            };
+            assert_eq!(e.to_string(), error);
+        }
+
+        // Changed behind our back after the load: a read error, not other data.
+        let entry = dir.path().join("checkpoints").join("a".repeat(64));
+        let pack = entry.join("pack");
+        let mut packed = std::fs::read(&pack).unwrap();
+        packed[0] ^= 1;
+        std::fs::write(&pack, &packed).unwrap();
+        let e = read(&checkpoint, b"small").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let own = entry.join("files").join(node.to_string());
+        let mut file = std::fs::OpenOptions::new().append(true).open(&own).unwrap();
+        std::io::Write::write_all(&mut file, b"more").unwrap();
+        let e = read(&checkpoint, b"big").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
     #[test]
     fn patterns_match_names_or_whole_paths() {
         let matches =
