@@ -65,7 +65,7 @@ pub enum Command {
                       ckptfs log ./store --json"
     )]
     Log(LogArgs),
-    /// What changed from checkpoint A to checkpoint B: A (added), D (deleted), M
+    /// What changed from checkpoint A to checkpoint B: A (added), D (removed), M
     /// (modified) and the path, one line each.
     #[command(
         long_about = DIFF_ABOUT,
