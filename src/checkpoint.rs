@@ -168,25 +168,38 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
     Ok(checkpoints)
 }
 
-/// Resolves a full digest or an unambiguous prefix of one.
+/// Resolves a full digest or an unambiguous prefix of one. A full digest is taken
+/// as it is, without a listing.
 pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, CheckpointError> {
-    let given = given.trim().to_ascii_lowercase();
-    let given = given.strip_suffix(OBJECT_SUFFIX).unwrap_or(&given);
-    if let Some(id) = CheckpointId::parse(given) {
+    let name = normalize_name(given);
+    if let Some(id) = CheckpointId::parse(&name) {
         return Ok(id);
     }
-    if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(CheckpointError::NotADigest(given.to_owned()));
+    if !is_prefix(&name) {
+        return Err(CheckpointError::NotADigest(name));
     }
-    let matches: Vec<_> = list(store)?
-        .into_iter()
-        .filter(|c| c.id.as_str().starts_with(given))
+    resolve_listed(&list(store)?, &name).map(|c| c.id.clone())
+}
+
+/// The checkpoint of `checkpoints` (a listing) that a full digest or an unambiguous
+/// prefix of one names.
+pub fn resolve_listed<'a>(
+    checkpoints: &'a [CheckpointInfo],
+    given: &str,
+) -> Result<&'a CheckpointInfo, CheckpointError> {
+    let given = normalize_name(given);
+    if !is_prefix(&given) {
+        return Err(CheckpointError::NotADigest(given));
+    }
+    let matches: Vec<_> = checkpoints
+        .iter()
+        .filter(|c| c.id.as_str().starts_with(&given))
         .collect();
     match matches.as_slice() {
-        [one] => Ok(one.id.clone()),
-        [] => Err(CheckpointError::UnknownPrefix(given.to_owned())),
+        [one] => Ok(one),
+        [] => Err(CheckpointError::UnknownPrefix(given)),
         many => Err(CheckpointError::AmbiguousPrefix {
-            prefix: given.to_owned(),
+            prefix: given,
             matches: many.iter().map(|c| c.id.clone()).collect(),
         }),
     }
@@ -205,6 +218,19 @@ fn shown(ids: &[CheckpointId]) -> String {
         text.push_str(&format!(" and {} more", ids.len() - SHOWN));
     }
     text
+}
+
+fn is_prefix(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A digest as typed: trimmed, lowercase, without the object suffix.
+fn normalize_name(given: &str) -> String {
+    let given = given.trim().to_ascii_lowercase();
+    match given.strip_suffix(OBJECT_SUFFIX) {
+        Some(stem) => stem.to_owned(),
+        None => given,
+    }
 }
 
 /// Wraps an object's byte stream: hashes and counts every byte, and at the end tells

@@ -88,6 +88,36 @@ pub enum Command {
     /// List checkpoints, oldest first: sha256, size, time.
     #[command(after_help = "Example:\n  ckptfs ls s3://my-bucket/checkpoints --json")]
     Ls(LsArgs),
+    /// The checkpoints, oldest first, with what changed in each since the one before.
+    #[command(
+        long_about = LOG_ABOUT,
+        after_help = "Example:\n  ckptfs log s3://my-bucket/checkpoints\n  \
+                      2026-11-29T07:08:00Z  0a9686a94759  1834 bytes  12 files  \
+                      +3 ~1 -0  +1206 -27 bytes\n  \
+                      ckptfs log ./store --json"
+    )]
+    Log(LogArgs),
+    /// What changed from checkpoint A to checkpoint B: A (added), D (removed), M
+    /// (modified) and the path, one line each.
+    #[command(
+        long_about = DIFF_ABOUT,
+        after_help = "Example:\n  ckptfs diff s3://my-bucket/checkpoints latest~1 latest\n  \
+                      ckptfs diff s3://my-bucket/checkpoints 0a9686a9 latest --patch"
+    )]
+    Diff(DiffArgs),
+    /// Write one file of a checkpoint to stdout, verified.
+    #[command(
+        long_about = CAT_ABOUT,
+        after_help = "Example:\n  ckptfs cat s3://my-bucket/checkpoints latest src/main.py"
+    )]
+    Cat(CatArgs),
+    /// List the paths of a checkpoint, sorted, optionally only those matching a glob.
+    #[command(
+        long_about = FIND_ABOUT,
+        after_help = "Example:\n  ckptfs find s3://my-bucket/checkpoints latest '*.py'\n  \
+                      ckptfs find ./store 0a9686a9 'src/**/*.rs'"
+    )]
+    Find(FindArgs),
     /// What a running mount's `.status` says: each checkpoint's state, the seals, the
     /// counters and latencies.
     #[command(after_help = "Example:\n  ckptfs status /mnt/ckpt --json")]
@@ -101,6 +131,155 @@ pub enum Command {
         after_help = "Example:\n  ckptfs man | man -l -\n  ckptfs man --out-dir /usr/local/share/man/man1"
     )]
     Man(ManArgs),
+}
+
+const LOG_ABOUT: &str = "\
+The checkpoints, oldest first, with what changed in each since the one before.
+
+One line per checkpoint: the object's time (the store's clock), the first 12 hex
+digits of its sha256, its size (compressed), its number of regular files, the
+entries added (+), modified (~) and removed (-) since the checkpoint before it (for
+the first one: since nothing), and the bytes of file contents added and removed. As in
+`diff --stat`, a file whose contents changed counts its old size as removed and its
+new size as added; modification times are not compared.
+
+Every checkpoint is downloaded and verified first (hashed and indexed in one pass,
+see --cache-dir); nothing is printed unless all of them verify.";
+
+const DIFF_ABOUT: &str = "\
+What changed from checkpoint A to checkpoint B, one line per changed entry, sorted by
+path (byte order):
+
+  A PATH   added: in B, not in A
+  D PATH   removed (deleted): in A, not in B
+  M PATH   modified: its contents, type, permission bits, numeric owner or symlink
+           target differ
+
+Entries below an added or removed directory are listed one by one, and so are those
+below a directory that took the place of a file (or the other way round: the path
+itself is then M). Contents are compared by the size and checksum recorded when the
+checkpoint was verified, without reading them; modification times are not compared.
+
+--stat prints one line instead: the counts, and the bytes of file contents added and
+removed (a file whose contents changed counts its old size as removed and its new size
+as added). --json prints a JSON array of {path, change, fields, old, new} (change:
+added, removed or modified; fields: the names of what differs, among type, content,
+mode, owner and target; old and new: null or {type, mode, uid, gid, and size or
+target}). Paths
+that are not UTF-8 are written with \\xNN escapes there. --patch adds below each line
+what changed in it: a unified diff for text files of up to 16MiB (`--- a/PATH`,
+`+++ b/PATH`), \"Binary files differ\" when either side holds a NUL byte in its first
+8000 bytes, and lines such as `mode 0644 -> 0755` for the other fields.
+
+Both checkpoints are downloaded and verified before anything is printed.";
+
+const CAT_ABOUT: &str = "\
+Write one regular file of a checkpoint to stdout, byte for byte.
+
+The checkpoint is downloaded and verified (hashed and indexed in one pass) before
+anything is written, and the file is checked once more against its checksum as it is
+read. PATH is relative to the checkpoint's root (a leading / is ignored). Symlinks are
+not followed: a path that is or goes through one is an error that says where it
+points; so are a directory and a path that does not exist.";
+
+const FIND_ABOUT: &str = "\
+List the paths of a checkpoint (files, directories and symlinks, the root excepted),
+one per line, sorted in byte order (as `LC_ALL=C sort` would), relative to the
+checkpoint's root.
+
+PATTERN is a shell glob. A pattern without / is matched against each entry's name,
+like `find -name` (`*.py` finds Python files at any depth); one with / against its
+whole path from the checkpoint's root (`src/*.rs` only directly in src/; a leading /
+is ignored). `*`, `?` and `[...]` never match /; `**` matches any number of
+directories (`src/**/*.rs`); `{a,b}` matches either; a leading `.` is not special; `\\`
+quotes the next character. Matching is on bytes (names need not be UTF-8): `?` and
+`[...]` match one byte, not one multi-byte character. Quote the pattern so that the
+shell does not expand it.
+
+The checkpoint is downloaded and verified before anything is printed.";
+
+/// Where the review commands (`log`, `diff`, `cat`, `find`) keep the checkpoints they
+/// verify, and the archive limits they hold them to.
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    /// Use and fill this cache directory, such as a mount's --cache-dir, so that
+    /// checkpoints verified there are not downloaded again. When a running mount holds
+    /// it, a private temporary cache is used instead (with a note on stderr). Default:
+    /// a temporary cache, deleted at exit.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Bound on --cache-dir; least recently used checkpoints are evicted first.
+    #[arg(long, default_value = "4GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub cache_size: u64,
+    /// Where the temporary cache is made (default: the system's temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub temp_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+const CHECKPOINT_HELP: &str =
+    "A sha256, an unambiguous prefix of one, latest, or latest~N (the N-th before the newest)";
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// One JSON array of {"sha256", "size", "last_modified", "entries", "files",
+    /// "unpacked_bytes", "previous", "added", "modified", "removed", "bytes_added",
+    /// "bytes_removed"}.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub review: ReviewArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    #[arg(help = CHECKPOINT_HELP, value_name = "A")]
+    pub old: String,
+    #[arg(help = CHECKPOINT_HELP, value_name = "B")]
+    pub new: String,
+    /// Only the counts and the bytes added and removed.
+    #[arg(long, conflicts_with_all = ["json", "patch"])]
+    pub stat: bool,
+    /// A JSON array of {path, change, fields, old, new}.
+    #[arg(long, conflicts_with = "patch")]
+    pub json: bool,
+    /// Also unified diffs of the text files that changed, and the other fields.
+    #[arg(long)]
+    pub patch: bool,
+    #[command(flatten)]
+    pub review: ReviewArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    #[arg(help = CHECKPOINT_HELP, value_name = "CHECKPOINT")]
+    pub checkpoint: String,
+    /// The file, relative to the checkpoint's root.
+    pub path: std::ffi::OsString,
+    #[command(flatten)]
+    pub review: ReviewArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct FindArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    #[arg(help = CHECKPOINT_HELP, value_name = "CHECKPOINT")]
+    pub checkpoint: String,
+    /// A shell glob: against names without /, against whole paths with / (see above).
+    pub pattern: Option<String>,
+    /// End each path with a NUL byte instead of a newline (for `xargs -0`).
+    #[arg(short = '0', long)]
+    pub null: bool,
+    #[command(flatten)]
+    pub review: ReviewArgs,
 }
 
 #[derive(Debug, Args)]
@@ -147,7 +326,7 @@ pub struct PutArgs {
 pub struct GetArgs {
     #[arg(help = STORE_HELP)]
     pub store: String,
-    /// The checkpoint's sha256, or an unambiguous prefix of it.
+    #[arg(help = CHECKPOINT_HELP, value_name = "CHECKPOINT")]
     pub sha256: String,
     /// Where to restore; must not exist or be empty.
     pub dest: PathBuf,
@@ -187,7 +366,9 @@ impl LimitArgs {
 pub struct VerifyArgs {
     #[arg(help = STORE_HELP)]
     pub store: String,
-    /// Checkpoints to verify (sha256 or prefix); all of them when none is given.
+    /// Checkpoints to verify (a sha256, a prefix of one, latest or latest~N); all of
+    /// them when none is given.
+    #[arg(value_name = "CHECKPOINT")]
     pub sha256: Vec<String>,
 }
 

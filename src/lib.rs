@@ -4,7 +4,8 @@
 //! Data flows one way: [`cli`] → [`store`] (S3 or a local directory) → [`archive`]
 //! (tar.gz writing, indexing, extraction) → [`cache`] (verified local copies) →
 //! [`fs`] (the filesystem logic, the thin FUSE adapter, and mounting). [`checkpoint`]
-//! names checkpoints and verifies them on top of a store. [`commands`] runs each
+//! names checkpoints and verifies them on top of a store. [`review`] compares and
+//! reads verified checkpoints for the host-side review commands. [`commands`] runs each
 //! command of the CLI on top of the library, and is the only layer that prints; no
 //! library module imports [`cli`] or [`commands`].
 
@@ -17,4 +18,5 @@ pub mod commands;
 pub mod fs;
 pub mod mount_helper;
 pub mod pipe;
+pub mod review;
 pub mod store;

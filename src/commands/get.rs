@@ -3,14 +3,14 @@
 
 use anyhow::{Context, Result};
 
-use super::{bar, open_store, temp_dir};
+use super::{bar, open_store, resolve_name, temp_dir};
 use crate::checkpoint::{self, GetOptions};
 use crate::cli::{Cli, GetArgs};
 use crate::store::DEFAULT_PART_SIZE;
 
 pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
     let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
-    let id = checkpoint::resolve(store.as_ref(), &args.sha256)?;
+    let id = resolve_name(store.as_ref(), &args.sha256)?;
     let download = bar(0, "downloading");
     let summary = checkpoint::get(
         store.as_ref(),
@@ -34,9 +34,14 @@ pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
     })?;
     download.finish_and_clear();
     eprintln!(
-        "restored checkpoint {id} into {}: {} entries, {} bytes{}",
+        "restored checkpoint {id} into {}: {} {}, {} bytes{}",
         args.dest.display(),
         summary.entries,
+        if summary.entries == 1 {
+            "entry"
+        } else {
+            "entries"
+        },
         summary.bytes,
         if summary.skipped > 0 {
             format!(", {} skipped (devices, FIFOs)", summary.skipped)

@@ -1,5 +1,6 @@
-//! The commands behind the CLI, one file each: [`put`], [`get`], [`verify`], [`ls`]
-//! and [`mount`] (the daemon). This is the glue between arguments, the library and
+//! The commands behind the CLI, one file each: [`put`], [`get`], [`verify`], [`ls`],
+//! [`mount`] (the daemon), and the review commands [`log`], [`diff`], [`cat`] and
+//! [`find`], which share a [`review_session`]. This is the glue between arguments, the library and
 //! the terminal, and the one layer (with `main.rs`) that uses `anyhow` and prints:
 //! results on stdout, progress bars and notes on stderr.
 //!
@@ -8,11 +9,16 @@
 //! daemonising, signals, the refresh thread and the choice of directories. No
 //! library module calls back into this one.
 
+mod cat;
+mod diff;
 mod docs;
+mod find;
 mod get;
+mod log;
 mod ls;
 mod mount;
 mod put;
+mod review_session;
 mod status;
 mod verify;
 
@@ -23,6 +29,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::checkpoint::{self, CheckpointId};
 use crate::cli::{Cli, Command};
 use crate::store::{self, ObjectStore, StoreConfig};
 
@@ -35,6 +42,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Verify(args) => verify::run(&cli, args),
         Command::Ls(args) => ls::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
+        Command::Log(args) => log::run(&cli, args),
+        Command::Diff(args) => diff::run(&cli, args),
+        Command::Cat(args) => cat::run(&cli, args),
+        Command::Find(args) => find::run(&cli, args),
         Command::Status(args) => status::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
@@ -58,6 +69,16 @@ fn open_store(cli: &Cli, url: &str, part_size: u64) -> Result<Arc<dyn ObjectStor
 
 fn open_config(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>> {
     Ok(store::open(config)?)
+}
+
+/// The checkpoint `given` names: a sha256 (taken as it is, without listing the store),
+/// an unambiguous prefix of one, `latest` or `latest~N`.
+fn resolve_name(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId> {
+    if given.trim().starts_with("latest") {
+        let listing = checkpoint::list(store)?;
+        return Ok(crate::review::resolve(&listing, given)?.id.clone());
+    }
+    Ok(checkpoint::resolve(store, given)?)
 }
 
 /// A progress bar of bytes on stderr, or a hidden one when stderr is not a terminal.

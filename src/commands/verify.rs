@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use anyhow::Result;
 
-use super::open_store;
+use super::{open_store, resolve_name};
 use crate::checkpoint::{self, CheckpointError};
 use crate::cli::{Cli, VerifyArgs};
 use crate::store::DEFAULT_PART_SIZE;
@@ -21,7 +21,7 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
     } else {
         args.sha256
             .iter()
-            .map(|given| checkpoint::resolve(store.as_ref(), given))
+            .map(|given| resolve_name(store.as_ref(), given))
             .collect::<Result<Vec<_>, _>>()?
     };
     let mut failed = 0;

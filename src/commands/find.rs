@@ -1,0 +1,34 @@
+//! `ckptfs find STORE CHECKPOINT [PATTERN]`: the paths of a verified checkpoint in
+//! byte order, optionally only those matching a glob.
+
+use std::io::{self, Write};
+
+use anyhow::{Context, Result};
+
+use super::review_session::Session;
+use crate::cli::{Cli, FindArgs};
+use crate::review::tree::{PathFilter, walk};
+
+pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
+    let filter = args
+        .pattern
+        .as_deref()
+        .map(PathFilter::new)
+        .transpose()
+        .context("bad PATTERN")?;
+    let session = Session::open(cli, &args.store, &args.review)?;
+    let info = session.resolve(&args.checkpoint)?;
+    let checkpoint = session.load(info)?;
+    session.trim(&[&info.id]);
+    let end: &[u8] = if args.null { b"\0" } else { b"\n" };
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    walk(&checkpoint.index, |path, _, _| -> io::Result<()> {
+        if filter.as_ref().is_none_or(|f| f.matches(path)) {
+            out.write_all(path)?;
+            out.write_all(end)?;
+        }
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(0)
+}

@@ -1,0 +1,120 @@
+//! What the review commands (`log`, `diff`, `cat`, `find`) share: the store and its
+//! listing, checkpoint names, and the cache their checkpoints are verified into.
+//!
+//! The cache is `--cache-dir` when given and free (a mount's cache, say, whose verified
+//! checkpoints are then reused, and which is filled for the mount's next start), else
+//! a private temporary directory deleted at exit, also on Ctrl-C or SIGTERM. A cache
+//! directory admits one process at a time (an exclusive flock): when a running mount
+//! holds it, the command says so on stderr and uses a temporary cache.
+
+use std::io::ErrorKind;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use tempfile::TempDir;
+
+use super::{open_store, temp_dir};
+use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
+use crate::checkpoint::{self, CheckpointId, CheckpointInfo};
+use crate::cli::{Cli, ReviewArgs};
+use crate::review::{self, Loader};
+use crate::store::{DEFAULT_PART_SIZE, ObjectStore};
+
+pub(super) struct Session {
+    store: Arc<dyn ObjectStore>,
+    /// The store's checkpoints, oldest first.
+    pub listing: Vec<CheckpointInfo>,
+    cache: Cache,
+    max_archive_size: u64,
+    limits: crate::archive::Limits,
+    /// The temporary cache, deleted when dropped.
+    _temp: Option<TempDir>,
+}
+
+impl Session {
+    /// Lists the store, then opens the cache.
+    pub fn open(cli: &Cli, store_url: &str, args: &ReviewArgs) -> Result<Session> {
+        let store = open_store(cli, store_url, DEFAULT_PART_SIZE)?;
+        let listing =
+            checkpoint::list(store.as_ref()).with_context(|| format!("cannot list {store_url}"))?;
+        let (cache, temp) = open_cache(args)?;
+        Ok(Session {
+            store,
+            listing,
+            cache,
+            max_archive_size: cli.max_archive_size,
+            limits: args.limits.limits(),
+            _temp: temp,
+        })
+    }
+
+    /// The listed checkpoint that `given` names.
+    pub fn resolve(&self, given: &str) -> Result<&CheckpointInfo> {
+        Ok(review::resolve(&self.listing, given)?)
+    }
+
+    /// A verified checkpoint; nothing of it is available before it verified.
+    pub fn load(&self, info: &CheckpointInfo) -> Result<Arc<VerifiedCheckpoint>> {
+        self.loader()
+            .load(info)
+            .with_context(|| format!("checkpoint {}", info.id))
+    }
+
+    /// Lets the cache shrink to its bound (a temporary one: to nothing), keeping the
+    /// checkpoints in `keep`.
+    pub fn trim(&self, keep: &[&CheckpointId]) {
+        self.loader().trim(keep);
+    }
+
+    fn loader(&self) -> Loader<'_> {
+        Loader::new(
+            self.store.as_ref(),
+            &self.cache,
+            self.max_archive_size,
+            self.limits,
+        )
+    }
+}
+
+/// `--cache-dir` if it is free, else a temporary cache (bounded to nothing: entries
+/// are deleted as soon as the command is done with them).
+fn open_cache(args: &ReviewArgs) -> Result<(Cache, Option<TempDir>)> {
+    if let Some(dir) = &args.cache_dir {
+        match Cache::open(dir, args.cache_size) {
+            Ok(cache) => return Ok((cache, None)),
+            Err(CacheError::Io { cause, .. }) if cause.kind() == ErrorKind::WouldBlock => {
+                eprintln!(
+                    "note: the cache directory {} is in use (by a running mount?); \
+                     using a temporary cache instead",
+                    dir.display()
+                );
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot open cache {}", dir.display()));
+            }
+        }
+    }
+    let base = temp_dir(&args.temp_dir);
+    let temp = tempfile::Builder::new()
+        .prefix(".ckptfs-review-")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot create a temporary cache in {}", base.display()))?;
+    remove_on_signal(temp.path());
+    let cache = Cache::open(temp.path(), 0)
+        .with_context(|| format!("cannot open cache {}", temp.path().display()))?;
+    Ok((cache, Some(temp)))
+}
+
+/// Deletes the temporary cache if the command is interrupted (Ctrl-C, SIGTERM,
+/// SIGHUP), then exits as a shell would report the signal.
+fn remove_on_signal(dir: &Path) {
+    let dir = dir.to_owned();
+    let installed = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::process::exit(130);
+    });
+    if let Err(e) = installed {
+        tracing::warn!(error = %e, "cannot install a signal handler; an interrupted command leaves its temporary cache behind");
+    }
+}
