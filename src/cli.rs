@@ -212,7 +212,7 @@ pub struct ReviewArgs {
     #[arg(long, default_value = "4GiB", value_parser = parse_size, value_name = "SIZE")]
     pub cache_size: u64,
     /// Where the temporary cache is made (default: the system's temporary directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "TMPDIR")]
     pub temp_dir: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -286,8 +286,9 @@ pub struct FindArgs {
 pub struct StatusArgs {
     /// Where the store is mounted.
     pub mountpoint: PathBuf,
-    /// One JSON object: {"store", "listed", "listing_error", "counters", "seals",
-    /// "latencies", "checkpoints": [{"sha256", "size", "time", "state", "reason"}]}.
+    /// One JSON object: {"store", "listed", "listing_error", "counters",
+    /// "seals_in_progress", "seals", "latencies", "checkpoints": [{"sha256", "size",
+    /// "time", "state", "verified_at", "from", "rechecked_at", "reason"}]}.
     #[arg(long)]
     pub json: bool,
 }
@@ -311,14 +312,14 @@ pub struct PutArgs {
     /// The workspace directory to capture.
     pub dir: PathBuf,
     /// Archives larger than this are uploaded in parts of this size (at least 5MiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_PART_SIZE")]
     pub part_size: u64,
     /// Where the archive is written before upload.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "TMPDIR")]
     pub temp_dir: Option<PathBuf>,
     /// Refuse a tree whose archive would unpack to more than this (readers refuse it
     /// too, with the same default).
-    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_UNPACKED_SIZE")]
     pub max_unpacked_size: u64,
 }
 
@@ -331,7 +332,7 @@ pub struct GetArgs {
     /// Where to restore; must not exist or be empty.
     pub dest: PathBuf,
     /// Where the archive is downloaded before it is verified and extracted.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "TMPDIR")]
     pub temp_dir: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -341,14 +342,19 @@ pub struct GetArgs {
 #[derive(Debug, Args)]
 pub struct LimitArgs {
     /// Largest total size of one checkpoint's files once unpacked.
-    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_UNPACKED_SIZE")]
     pub max_unpacked_size: u64,
     /// Largest number of entries in one checkpoint (directories implied by paths count).
-    #[arg(long, default_value = "2000000", value_name = "N")]
+    #[arg(
+        long,
+        default_value = "2000000",
+        value_name = "N",
+        env = "CKPTFS_MAX_ENTRIES"
+    )]
     pub max_entries: u64,
     /// Largest total size of one checkpoint's paths and link targets (what a reader
     /// keeps in memory grows with it).
-    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_METADATA_SIZE")]
     pub max_metadata_size: u64,
 }
 
@@ -403,16 +409,16 @@ pub struct MountArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     /// Stay in the foreground instead of daemonizing once the mount is ready.
-    #[arg(short, long)]
+    #[arg(short, long, env = "CKPTFS_FOREGROUND")]
     pub foreground: bool,
     /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
     #[arg(long, env = "CKPTFS_ALLOW_OTHER")]
     pub allow_other: bool,
     /// Show every entry as owned by the mounting user instead of the archive's owners.
-    #[arg(long)]
+    #[arg(long, env = "CKPTFS_OWNER_SELF")]
     pub owner_self: bool,
     /// Part size of the uploads of sealed workspaces.
-    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_PART_SIZE")]
     pub part_size: u64,
     /// Browse only: no staging/ and commit/, mounted `ro`, and files are opened by the
     /// kernel without asking the daemon (faster for many small files; no passthrough).

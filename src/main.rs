@@ -19,16 +19,25 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code as u8),
         Err(err) => {
             // A closed pipe (`ckptfs ls | head`) is not an error worth reporting.
-            if err
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            {
+            if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("ckptfs: error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
+    })
 }
 
 /// The command line, or the `ckptfs mount` that a mount helper's arguments stand for

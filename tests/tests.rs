@@ -3,6 +3,7 @@
 
 mod capture;
 mod mount;
+mod newcomer;
 mod review;
 mod security;
 mod store;

@@ -14,6 +14,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
@@ -59,8 +60,27 @@ pub(super) fn size_on_disk(dir: &Path) -> u64 {
 pub struct VerifiedCheckpoint {
     pub id: CheckpointId,
     pub index: Index,
+    pub provenance: Provenance,
     dir: PathBuf,
     pack: File,
+}
+
+/// Where a loaded checkpoint's verdict comes from, and when it was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provenance {
+    /// Downloaded from the store and verified (length and sha256) at `verified_at`.
+    Store { verified_at: SystemTime },
+    /// Archived by this process at `sealed_at` and stored (the store checked the
+    /// upload's sha256); served from the bytes that were archived.
+    Sealed { sealed_at: SystemTime },
+    /// A cache entry, made when the object was downloaded and verified at
+    /// `verified_at`, whose contents were checked against the entry's index at
+    /// `checked_at`. It shows that the object was good then and that the entry still
+    /// holds what was verified; not that the store's copy is still intact now.
+    Cache {
+        verified_at: SystemTime,
+        checked_at: SystemTime,
+    },
 }
 
 impl VerifiedCheckpoint {
@@ -109,6 +129,7 @@ impl PendingEntry {
         id: &CheckpointId,
         index: Index,
         final_dir: &Path,
+        provenance: Provenance,
     ) -> Result<VerifiedCheckpoint, CacheError> {
         let dir = self.dir().to_owned();
         self.pack.flush().map_err(io_err(&dir))?;
@@ -116,7 +137,9 @@ impl PendingEntry {
         fs::rename(&dir, final_dir).map_err(io_err(final_dir))?;
         self.dir = None;
         // Served from the index in hand: reading it back would hold two copies.
-        entry_with_index(id, final_dir, index)
+        let mut checkpoint = entry_with_index(id, final_dir, index)?;
+        checkpoint.provenance = provenance;
+        Ok(checkpoint)
     }
 }
 
@@ -183,6 +206,9 @@ fn entry_with_index(
     Ok(VerifiedCheckpoint {
         id: id.clone(),
         index,
+        provenance: Provenance::Store {
+            verified_at: SystemTime::now(),
+        },
         dir: dir.to_owned(),
         pack,
     })
@@ -193,7 +219,13 @@ pub(super) fn open_checked(
     id: &CheckpointId,
     dir: &Path,
 ) -> Result<VerifiedCheckpoint, CacheError> {
-    let checkpoint = entry_with_index(id, dir, read_index(dir)?)?;
+    let mut checkpoint = entry_with_index(id, dir, read_index(dir)?)?;
+    // The index is written once, right after the object verified: its time is the
+    // verdict's.
+    let index_path = dir.join("index");
+    let verified_at = fs::metadata(&index_path)
+        .and_then(|m| m.modified())
+        .map_err(io_err(&index_path))?;
     let damaged = |path: &Path, why: String| CacheError::Io {
         path: path.to_owned(),
         cause: io::Error::new(io::ErrorKind::InvalidData, why),
@@ -237,6 +269,10 @@ pub(super) fn open_checked(
             ));
         }
     }
+    checkpoint.provenance = Provenance::Cache {
+        verified_at,
+        checked_at: SystemTime::now(),
+    };
     Ok(checkpoint)
 }
 

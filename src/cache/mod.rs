@@ -31,7 +31,7 @@ use std::time::SystemTime;
 
 use lru::LruCache;
 
-pub use entry::{PendingEntry, VerifiedCheckpoint};
+pub use entry::{PendingEntry, Provenance, VerifiedCheckpoint};
 
 use crate::archive::index::{self, Index};
 use crate::archive::{ArchiveError, Limits};
@@ -91,7 +91,9 @@ pub struct Cache {
     entries: Mutex<LruCache<CheckpointId, u64>>,
     /// Checkpoints downloaded, and checkpoints served from disk after a check.
     downloads: AtomicU64,
+    downloaded_bytes: AtomicU64,
     reuses: AtomicU64,
+    evictions: AtomicU64,
 }
 
 /// What the cache has done so far, for `.status`.
@@ -100,7 +102,10 @@ pub struct CacheStats {
     pub used_bytes: u64,
     pub entries: usize,
     pub downloads: u64,
+    /// Bytes of the objects downloaded and verified.
+    pub downloaded_bytes: u64,
     pub reuses: u64,
+    pub evictions: u64,
 }
 
 /// Creates `path` (and missing parents) as a directory only the daemon's user can
@@ -198,7 +203,9 @@ impl Cache {
             max_bytes,
             entries: Mutex::new(entries),
             downloads: AtomicU64::new(0),
+            downloaded_bytes: AtomicU64::new(0),
             reuses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         })
     }
 
@@ -212,7 +219,9 @@ impl Cache {
             used_bytes: entries.iter().map(|(_, s)| s).sum(),
             entries: entries.len(),
             downloads: self.downloads.load(Ordering::Relaxed),
+            downloaded_bytes: self.downloaded_bytes.load(Ordering::Relaxed),
             reuses: self.reuses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
         }
     }
 
@@ -262,8 +271,12 @@ impl Cache {
         );
         // The object's own verdict comes first: a corrupt or cut object also makes the
         // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".
-        verdict.join().expect("the download thread panicked")?;
-        self.finish(pending, id, built?)
+        let bytes = verdict.join().expect("the download thread panicked")?;
+        self.downloaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let provenance = Provenance::Store {
+            verified_at: SystemTime::now(),
+        };
+        self.finish(pending, id, built?, provenance)
     }
 
     /// Starts a new entry in a private directory of its own; it becomes visible only
@@ -285,6 +298,7 @@ impl Cache {
         pending: PendingEntry,
         id: &CheckpointId,
         index: Index,
+        provenance: Provenance,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
         let dir = self.entry_dir(id);
         if dir.exists() {
@@ -302,7 +316,7 @@ impl Cache {
                 }
             }
         }
-        let checkpoint = pending.finish(id, index, &dir)?;
+        let checkpoint = pending.finish(id, index, &dir, provenance)?;
         self.touch(id, &dir, entry::size_on_disk(&dir));
         Ok(Arc::new(checkpoint))
     }
@@ -362,6 +376,7 @@ impl Cache {
             ));
             match fs::rename(self.entry_dir(&id), &away) {
                 Ok(()) => {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(checkpoint = %id, "evicted from the cache");
                     trash.0.push(away);
                 }

@@ -1,4 +1,50 @@
-//! The one place where filesystem errors become errno values.
+//! The one place where filesystem errors become errno values, and where failed
+//! requests are logged.
+//!
+//! Every failure answered `EIO` is logged at warn level with its reason once: the
+//! same reason again within [`REPEAT_AFTER`] goes to the debug log only, so that an
+//! `ls -R` of a damaged checkpoint gives one line, not one per entry. The number of
+//! `EIO` answers is counted for `.status`. Both are per process.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A reason logged at warn level is logged so again after this long.
+pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
+/// Reasons remembered at most; beyond this the oldest are forgotten.
+const REMEMBERED: usize = 1024;
+
+static IO_ERRORS: AtomicU64 = AtomicU64::new(0);
+static LOGGED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
+
+/// Requests answered `EIO` since the process started.
+pub fn io_errors() -> u64 {
+    IO_ERRORS.load(Ordering::Relaxed)
+}
+
+/// Whether `reason` should be logged at warn level now (not within [`REPEAT_AFTER`]
+/// of the last time).
+fn first_time(reason: &str) -> bool {
+    let now = Instant::now();
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    let logged = logged.get_or_insert_with(HashMap::new);
+    if logged
+        .get(reason)
+        .is_some_and(|at| now.duration_since(*at) < REPEAT_AFTER)
+    {
+        return false;
+    }
+    if logged.len() >= REMEMBERED {
+        logged.retain(|_, at| now.duration_since(*at) < REPEAT_AFTER);
+        if logged.len() >= REMEMBERED {
+            logged.clear();
+        }
+    }
+    logged.insert(reason.to_owned(), now);
+    true
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -64,6 +110,26 @@ impl FsError {
         }
     }
 
+    /// Logs a request that failed with this error (see the module's comment) and
+    /// returns the errno to answer.
+    pub fn report(&self, operation: &str, ino: u64) -> i32 {
+        let errno = self.errno();
+        if errno == libc::EIO {
+            IO_ERRORS.fetch_add(1, Ordering::Relaxed);
+            let reason = self.to_string();
+            if first_time(&reason) {
+                tracing::warn!(operation, ino, error = %reason, "answered EIO");
+            } else {
+                tracing::debug!(operation, ino, error = %reason, "answered EIO (logged before)");
+            }
+        } else if self.is_notable() {
+            tracing::warn!(operation, ino, error = %self, errno, "request failed");
+        } else {
+            tracing::debug!(operation, ino, error = %self, errno, "request refused");
+        }
+        errno
+    }
+
     /// Expected outcomes (a missing name, a refused write) are not worth a log line.
     pub fn is_notable(&self) -> bool {
         !matches!(
@@ -77,6 +143,7 @@ impl FsError {
                 | FsError::Exists
                 | FsError::Busy
                 | FsError::NotSupported(_)
+                | FsError::NotPermitted(_)
                 | FsError::NoAttribute
         )
     }

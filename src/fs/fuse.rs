@@ -106,14 +106,9 @@ fn file_type(kind: FileKind) -> FileType {
     }
 }
 
-/// Logs the cause of failures worth knowing about and returns the errno to send.
+/// Logs the failure (see `FsError::report`) and returns the errno to send.
 fn errno(operation: &str, ino: u64, error: &FsError) -> Errno {
-    if error.is_notable() {
-        tracing::warn!(operation, ino, error = %error, errno = error.errno(), "request failed");
-    } else {
-        tracing::debug!(operation, ino, error = %error, "request refused");
-    }
-    Errno::from_i32(error.errno())
+    Errno::from_i32(error.report(operation, ino))
 }
 
 fn caller(req: &Request) -> Caller {

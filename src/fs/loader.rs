@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::FsError;
 use super::listing::{Catalog, Slot};
 use crate::archive::Limits;
-use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
+use crate::cache::{Cache, CacheError, Provenance, VerifiedCheckpoint};
 use crate::checkpoint::{CheckpointId, VerifyFailure};
 use crate::store::ObjectStore;
 
@@ -55,7 +55,25 @@ impl Load {
         match self {
             Load::Unloaded => "listed".to_owned(),
             Load::Loading(_) => "verifying".to_owned(),
-            Load::Loaded(_) => "verified".to_owned(),
+            Load::Loaded(checkpoint) => {
+                let time = |t| humantime::format_rfc3339_seconds(t);
+                match checkpoint.provenance {
+                    Provenance::Store { verified_at } => {
+                        format!("verified {} from the store", time(verified_at))
+                    }
+                    Provenance::Sealed { sealed_at } => {
+                        format!("verified {} when sealed by this mount", time(sealed_at))
+                    }
+                    Provenance::Cache {
+                        verified_at,
+                        checked_at,
+                    } => format!(
+                        "verified {} from the store, served from the cache (re-checked {})",
+                        time(verified_at),
+                        time(checked_at)
+                    ),
+                }
+            }
             Load::Failed { reason, .. } => format!("FAILED: {reason}"),
         }
     }

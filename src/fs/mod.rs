@@ -495,6 +495,9 @@ impl CheckpointFs {
             if flags & libc::RENAME_EXCHANGE != 0 {
                 return done(Err(FsError::InvalidArgument));
             }
+            if let Err(e) = self.staging.check_sealable(name) {
+                return done(Err(e));
+            }
             return self.sealer.seal(name.to_vec(), new_name.to_vec(), done);
         }
         done(Err(self.subtree(owners.0).refusal(parent)))

@@ -30,7 +30,7 @@ use super::loader::Loader;
 use super::{FsError, StagingTree};
 use crate::archive::index;
 use crate::archive::{ArchiveError, Limits};
-use crate::cache::Cache;
+use crate::cache::{Cache, Provenance};
 use crate::checkpoint::{
     self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, StoreOutcome,
 };
@@ -61,12 +61,17 @@ struct Seals {
     in_progress: Vec<Vec<u8>>,
     /// Recent outcomes, for `.status`.
     outcomes: Vec<String>,
+    /// Seals that ended, since the mount started: sealed, and failed.
+    succeeded: u64,
+    failed: u64,
 }
 
 /// What `.status` shows of the seals.
 pub struct SealsReport {
     pub in_progress: Vec<Vec<u8>>,
     pub outcomes: Vec<String>,
+    pub succeeded: u64,
+    pub failed: u64,
 }
 
 pub struct Sealer {
@@ -170,6 +175,8 @@ impl Sealer {
         SealsReport {
             in_progress: seals.in_progress.clone(),
             outcomes: seals.outcomes.clone(),
+            succeeded: seals.succeeded,
+            failed: seals.failed,
         }
     }
 
@@ -203,11 +210,13 @@ impl Sealer {
         seals.in_progress.retain(|n| n != commit_name);
         let outcome = match result {
             Ok((id, how)) => {
+                seals.succeeded += 1;
                 seals.sealed.push((commit_name.to_vec(), id.clone()));
                 tracing::info!(workspace = %shown, checkpoint = %id, %how, "sealed");
                 format!("{shown}: sealed as {id} ({how})")
             }
             Err(e) => {
+                seals.failed += 1;
                 tracing::warn!(workspace = %shown, error = %e, "seal failed; the workspace is unchanged");
                 format!("{shown}: FAILED: {e}")
             }
@@ -283,7 +292,12 @@ impl Sealer {
         let verified = match indexed {
             Some((pending, Ok(index))) => self
                 .cache
-                .finish(pending, &report.id, index)
+                .finish(
+                    pending,
+                    &report.id,
+                    index,
+                    Provenance::Sealed { sealed_at: now },
+                )
                 .map_err(|e| e.to_string()),
             Some((_, Err(e))) => Err(e.to_string()),
             None => Err("no cache entry could be started".into()),

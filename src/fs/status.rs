@@ -1,7 +1,11 @@
 //! The text of `.status`: the store, the listing, the cache, the seals, and one line
 //! per checkpoint with its state. The format is documented in the README and kept
-//! stable: `#` lines first, then `<sha256>  <size>  <time>  <state>` per checkpoint,
-//! oldest first, where state is `listed`, `verifying`, `verified` or
+//! stable (lines may be added, never changed): `#` lines first, then
+//! `<sha256>  <size>  <time>  <state>` per checkpoint, oldest first, where state is
+//! `listed`, `verifying`, `verified <time> from the store` (downloaded and verified
+//! then), `verified <time> when sealed by this mount` (archived and stored then),
+//! `verified <time> from the store, served from the cache (re-checked <time>)` (a
+//! cache entry made then, its contents checked against its index since), or
 //! `FAILED: <reason>`.
 
 use super::listing::Listing;
@@ -14,6 +18,7 @@ pub fn render(
     cache: CacheStats,
     seals: &SealsReport,
     loads_waiting: usize,
+    io_errors: u64,
     latencies: &str,
 ) -> Vec<u8> {
     let mut text = format!("# ckptfs: {store}\n");
@@ -30,6 +35,10 @@ pub fn render(
         cache.entries,
         cache.downloads,
         cache.reuses,
+    );
+    text += &format!(
+        "# downloaded: {} bytes; evicted: {}; seals: {} sealed, {} failed; I/O errors: {}\n",
+        cache.downloaded_bytes, cache.evictions, seals.succeeded, seals.failed, io_errors,
     );
     if loads_waiting > 0 {
         text += &format!("# loads waiting for a loader: {loads_waiting}\n");
@@ -75,6 +84,12 @@ pub struct Counters {
     pub downloads: u64,
     pub loaded_from_cache: u64,
     pub loads_waiting: u64,
+    pub downloaded_bytes: u64,
+    pub evictions: u64,
+    pub seals_sealed: u64,
+    pub seals_failed: u64,
+    /// Requests answered EIO.
+    pub io_errors: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -92,6 +107,14 @@ pub struct CheckpointState {
     pub time: String,
     /// `listed`, `verifying`, `verified` or `failed`.
     pub state: String,
+    /// For `verified`: when the object was downloaded and verified.
+    pub verified_at: Option<String>,
+    /// For `verified`: `store` (verified by this load), `seal` (archived and stored
+    /// by this mount) or `cache` (an entry verified earlier, re-checked against its
+    /// index at `rechecked_at`).
+    pub from: Option<String>,
+    pub rechecked_at: Option<String>,
+    /// For `failed`: why.
     pub reason: Option<String>,
 }
 
@@ -113,15 +136,21 @@ pub fn parse(text: &str) -> Report {
                 report.listing_error = Some(error.to_owned());
             } else if let Some(counts) = rest.strip_prefix("checkpoints: ") {
                 if let [n, bytes, entries, downloads, reuses] = numbers(counts)[..] {
-                    let waiting = report.counters.loads_waiting;
-                    report.counters = Counters {
-                        checkpoints: n,
-                        cache_bytes: bytes,
-                        cache_entries: entries,
-                        downloads,
-                        loaded_from_cache: reuses,
-                        loads_waiting: waiting,
-                    };
+                    let c = &mut report.counters;
+                    c.checkpoints = n;
+                    c.cache_bytes = bytes;
+                    c.cache_entries = entries;
+                    c.downloads = downloads;
+                    c.loaded_from_cache = reuses;
+                }
+            } else if let Some(counts) = rest.strip_prefix("downloaded: ") {
+                if let [bytes, evicted, sealed, failed, errors] = numbers(counts)[..] {
+                    let c = &mut report.counters;
+                    c.downloaded_bytes = bytes;
+                    c.evictions = evicted;
+                    c.seals_sealed = sealed;
+                    c.seals_failed = failed;
+                    c.io_errors = errors;
                 }
             } else if let Some(n) = rest.strip_prefix("loads waiting for a loader: ") {
                 report.counters.loads_waiting = n.trim().parse().unwrap_or(0);
@@ -147,17 +176,36 @@ pub fn parse(text: &str) -> Report {
         }
         let fields: Vec<&str> = line.splitn(4, "  ").collect();
         if let [sha, size, time, state] = fields[..] {
-            let (state, reason) = match state.strip_prefix("FAILED: ") {
-                Some(reason) => ("failed".to_owned(), Some(reason.to_owned())),
-                None => (state.to_owned(), None),
-            };
-            report.checkpoints.push(CheckpointState {
+            let mut checkpoint = CheckpointState {
                 sha256: sha.to_owned(),
                 size: size.parse().unwrap_or(0),
                 time: time.to_owned(),
-                state,
-                reason,
-            });
+                state: state.to_owned(),
+                verified_at: None,
+                from: None,
+                rechecked_at: None,
+                reason: None,
+            };
+            if let Some(reason) = state.strip_prefix("FAILED: ") {
+                checkpoint.state = "failed".to_owned();
+                checkpoint.reason = Some(reason.to_owned());
+            } else if let Some(verdict) = state.strip_prefix("verified ") {
+                checkpoint.state = "verified".to_owned();
+                checkpoint.verified_at = verdict.split(' ').next().map(str::to_owned);
+                let rechecked = verdict
+                    .split_once("(re-checked ")
+                    .map(|(_, rest)| rest.trim_end_matches(')').to_owned());
+                let from = if rechecked.is_some() {
+                    "cache"
+                } else if verdict.ends_with("when sealed by this mount") {
+                    "seal"
+                } else {
+                    "store"
+                };
+                checkpoint.from = Some(from.to_owned());
+                checkpoint.rechecked_at = rechecked;
+            }
+            report.checkpoints.push(checkpoint);
         }
     }
     report
@@ -171,10 +219,13 @@ mod tests {
     fn the_rendered_text_parses_back() {
         let text = "# ckptfs: s3://b/p/\n# listed: 2026-12-01T00:00:00Z\n\
             # checkpoints: 2; cache: 300 bytes in 1 checkpoints; downloads: 4; loaded from cache: 1\n\
+            # downloaded: 5000 bytes; evicted: 2; seals: 3 sealed, 1 failed; I/O errors: 7\n\
             # loads waiting for a loader: 3\n\
             # latency lookup: 10 requests, p50 < 32µs, p99 < 1.024ms\n\
             # seal in progress: turn-9\n# seal turn-8: sealed as abc (stored)\n\
-            aaaa  12  2026-12-01T00:00:00Z  verified\n\
+            aaaa  12  2026-12-01T00:00:00Z  verified 2026-12-01T00:00:05Z from the store\n\
+            dddd  78  2026-12-01T00:00:03Z  verified 2026-12-01T00:00:03Z when sealed by this mount\n\
+            cccc  56  2026-12-01T00:00:02Z  verified 2026-11-30T10:00:00Z from the store, served from the cache (re-checked 2026-12-01T00:00:09Z)\n\
             bbbb  34  2026-12-01T00:00:01Z  FAILED: Checkpoint checksum mismatch: x  y\n";
         let report = parse(text);
         assert_eq!(report.store, "s3://b/p/");
@@ -182,10 +233,25 @@ mod tests {
         assert_eq!(report.counters.loads_waiting, 3);
         assert_eq!(report.latencies[0].p99, "1.024ms");
         assert_eq!(report.seals, vec!["turn-8: sealed as abc (stored)"]);
-        assert_eq!(report.checkpoints.len(), 2);
-        assert_eq!(report.checkpoints[1].state, "failed");
+        assert_eq!(report.counters.downloaded_bytes, 5000);
+        assert_eq!(report.counters.evictions, 2);
+        assert_eq!(report.counters.seals_sealed, 3);
+        assert_eq!(report.counters.seals_failed, 1);
+        assert_eq!(report.counters.io_errors, 7);
+        assert_eq!(report.checkpoints.len(), 4);
+        let [store, sealed, cache, failed] = &report.checkpoints[..] else {
+            unreachable!()
+        };
+        assert_eq!(sealed.from.as_deref(), Some("seal"));
+        assert_eq!(store.state, "verified");
+        assert_eq!(store.from.as_deref(), Some("store"));
+        assert_eq!(store.verified_at.as_deref(), Some("2026-12-01T00:00:05Z"));
+        assert_eq!(cache.from.as_deref(), Some("cache"));
+        assert_eq!(cache.verified_at.as_deref(), Some("2026-11-30T10:00:00Z"));
+        assert_eq!(cache.rechecked_at.as_deref(), Some("2026-12-01T00:00:09Z"));
+        assert_eq!(failed.state, "failed");
         assert_eq!(
-            report.checkpoints[1].reason.as_deref(),
+            failed.reason.as_deref(),
             Some("Checkpoint checksum mismatch: x  y")
         );
     }

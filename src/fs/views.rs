@@ -107,6 +107,7 @@ impl Views {
             self.cache.stats(),
             &self.sealer.report(),
             self.loader.queued(),
+            super::error::io_errors(),
             &self.latencies.render(),
         )
     }

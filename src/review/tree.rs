@@ -559,7 +559,10 @@ pub(super) mod tests {
             0,
         )
         .unwrap();
-        let checkpoint = cache.finish(pending, &id, index).unwrap();
+        let provenance = crate::cache::Provenance::Store {
+            verified_at: std::time::SystemTime::now(),
+        };
+        let checkpoint = cache.finish(pending, &id, index, provenance).unwrap();
         (dir, checkpoint, big)
     }
 

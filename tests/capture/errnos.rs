@@ -145,15 +145,34 @@ fn commit_only_takes_top_level_workspaces_of_staging() {
         .collect();
     assert_eq!(names, ["outer"], "commit/ holds only the seal");
 
-    // A plain file is not a workspace: refused, and left alone.
+    // A plain file or a symlink is not a workspace: EPERM (as for everything else in
+    // commit/ but a workspace), left alone, and not a failed seal in .status or the log.
     write_file(&mount.staged("loose.txt"), b"not a workspace\n", 0o644);
-    let result = fs::rename(mount.staged("loose.txt"), mount.committed("loose.txt"));
-    assert!(result.is_err(), "sealing a plain file succeeded");
+    std::os::unix::fs::symlink("outer", mount.staged("alias")).unwrap();
+    for name in ["loose.txt", "alias"] {
+        assert_errno(
+            &format!("mv staging/{name} commit/"),
+            fs::rename(mount.staged(name), mount.committed(name)),
+            libc::EPERM,
+        );
+        assert!(fs::symlink_metadata(mount.committed(name)).is_err());
+    }
     assert_eq!(
         fs::read(mount.staged("loose.txt")).unwrap(),
         b"not a workspace\n"
     );
+    assert_eq!(
+        fs::read_link(mount.staged("alias")).unwrap(),
+        Path::new("outer")
+    );
     assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
+    let status = mount.status_text();
+    assert!(!status.contains("FAILED"), "{status}");
+    let log = mount.log_text();
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "a refused rename is not a problem of the daemon:\n{log}"
+    );
 }
 
 #[test]

@@ -348,6 +348,25 @@ impl MountedStore {
         }
     }
 
+    /// Sends `signal` to the daemon.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
+    }
+
+    /// The daemon's exit status, once it exited within `timeout`; `None` while it runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = wait_timeout(child, timeout)?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Whether the mount point shows in `/proc/self/mountinfo`.
+    pub fn is_mounted(&self) -> bool {
+        mount_entry(&self.mountpoint).is_some()
+    }
+
     /// Unmounts with `fusermount3 -u` and returns the daemon's exit status.
     #[track_caller]
     pub fn unmount(mut self) -> ExitStatus {
@@ -530,7 +549,12 @@ pub struct Status {
 pub struct StatusLine {
     pub size: u64,
     pub time: String,
+    /// `listed`, `verifying`, `verified` or `FAILED: <reason>`.
     pub state: String,
+    /// For `verified`, where the verdict comes from and when: `<time> from the store`,
+    /// `<time> when sealed by this mount`, or `<time> from the store, served from the
+    /// cache (re-checked <time>)`.
+    pub verdict: Option<String>,
 }
 
 impl Status {
@@ -557,10 +581,14 @@ impl Status {
                 parse_rfc3339_utc(fields[2]).is_some(),
                 "bad time in .status line {line:?}:\n{text}"
             );
-            let state = fields[3].to_owned();
+            let (state, verdict) = match fields[3].strip_prefix("verified ") {
+                Some(verdict) => ("verified".to_owned(), Some(verdict.to_owned())),
+                None => (fields[3].to_owned(), None),
+            };
             assert!(
-                ["listed", "verifying", "verified"].contains(&state.as_str())
-                    || state.starts_with("FAILED: "),
+                ["listed", "verifying"].contains(&state.as_str())
+                    || state.starts_with("FAILED: ")
+                    || verdict.as_deref().is_some_and(valid_verdict),
                 "bad state in .status line {line:?}:\n{text}"
             );
             let previous = lines.insert(
@@ -569,6 +597,7 @@ impl Status {
                     size,
                     time: fields[2].to_owned(),
                     state,
+                    verdict,
                 },
             );
             assert!(previous.is_none(), "checkpoint shown twice:\n{text}");
@@ -600,11 +629,37 @@ impl Status {
     /// The state of checkpoint `sha` (`listed`, `verifying`, `verified`, `FAILED: ...`).
     #[track_caller]
     pub fn state(&self, sha: &str) -> &str {
+        &self.line(sha).state
+    }
+
+    /// Where checkpoint `sha`'s verdict comes from, if verified (see [`StatusLine`]).
+    #[track_caller]
+    pub fn verdict(&self, sha: &str) -> Option<&str> {
+        self.line(sha).verdict.as_deref()
+    }
+
+    #[track_caller]
+    fn line(&self, sha: &str) -> &StatusLine {
         match self.lines.get(sha) {
-            Some(line) => &line.state,
+            Some(line) => line,
             None => panic!("{sha} is not in .status:\n{}", self.text),
         }
     }
+}
+
+/// `<time> from the store`, `<time> when sealed by this mount`, or `<time> from the
+/// store, served from the cache (re-checked <time>)`.
+fn valid_verdict(verdict: &str) -> bool {
+    let Some((time, rest)) = verdict.split_once(' ') else {
+        return false;
+    };
+    let rechecked = rest
+        .strip_prefix("from the store, served from the cache (re-checked ")
+        .and_then(|r| r.strip_suffix(')'));
+    parse_rfc3339_utc(time).is_some()
+        && (rest == "from the store"
+            || rest == "when sealed by this mount"
+            || rechecked.is_some_and(|t| parse_rfc3339_utc(t).is_some()))
 }
 
 /// `N; cache: B bytes in E checkpoints; downloads: D; loaded from cache: R`.

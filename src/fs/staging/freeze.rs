@@ -28,7 +28,7 @@ impl StagingTree {
         let dir =
             beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
                 match e.raw_os_error() {
-                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotADirectory,
+                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotPermitted(super::NOT_SEALABLE),
                     _ => FsError::Os(e),
                 }
             })?;

@@ -615,7 +615,27 @@ impl StagingTree {
     pub fn statfs(&self) -> Result<rfs::StatVfs, FsError> {
         rfs::fstatvfs(&*self.root_fd).map_err(os)
     }
+
+    /// Refuses, before a seal starts, a name of `staging/` that is not a directory:
+    /// only workspaces can be sealed. The seal itself opens the directory again (no
+    /// symlink followed), so a swap after this check only fails the seal.
+    pub fn check_sealable(&self, name: &[u8]) -> Result<(), FsError> {
+        let stat = rfs::statat(
+            &*self.root_fd,
+            OsStr::from_bytes(name),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(os)?;
+        if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::Directory {
+            return Err(FsError::NotPermitted(NOT_SEALABLE));
+        }
+        Ok(())
+    }
 }
+
+/// Why a file, symlink or other non-directory cannot go into `commit/`.
+pub(crate) const NOT_SEALABLE: &str =
+    "only a directory of staging/ can be moved into commit/ (sealed as a checkpoint)";
 
 impl Subtree for StagingTree {
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Entry, FsError> {

@@ -183,5 +183,9 @@ fn a_read_only_mount_reads_files_without_opening_them() {
         libc::EISDIR
     );
     let text = f.fs.read(inode::STATUS, NO_HANDLE, 0, 1 << 16).unwrap();
-    assert!(String::from_utf8(text).unwrap().contains("  verified\n"));
+    assert!(
+        String::from_utf8(text)
+            .unwrap()
+            .contains(" from the store\n")
+    );
 }

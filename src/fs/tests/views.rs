@@ -156,7 +156,7 @@ fn status_is_read_from_a_snapshot_taken_at_open() {
         "{text}"
     );
     f.fs.release(opened.fh);
-    assert!(status(&f.fs).contains("  verified\n"));
+    assert!(status(&f.fs).contains(" from the store\n"));
     assert_eq!(
         f.fs.read(inode::STATUS, opened.fh, 0, 10)
             .unwrap_err()
