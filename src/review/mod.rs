@@ -188,7 +188,10 @@ mod tests {
         let two_a = listing(&['a', 'a']);
         assert_eq!(
             name(&two_a, "a"),
-            Err("\"a\" matches 2 checkpoints; give more digits".into())
+            Err(format!(
+                "\"a\" matches 2 checkpoints ({0}, {0}); give more digits",
+                "a".repeat(64)
+            ))
         );
     }
 
