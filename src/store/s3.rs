@@ -27,6 +27,9 @@ use aws_config::environment::region::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::profile::ProfileFileRegionProvider;
 use aws_credential_types::provider::error::CredentialsError;
+use aws_runtime::env_config::file::{
+    EnvConfigFileKind as ProfileFileKind, EnvConfigFiles as ProfileFiles,
+};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
@@ -80,6 +83,10 @@ impl S3Store {
             .filter(|e| !e.is_empty())
             .map(|e| without_userinfo(&e));
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+        if let Some(files) = profile_files_without_home(home, std::env::home_dir()) {
+            loader = loader.profile_files(files);
+        }
         if let Some(endpoint) = &endpoint {
             // A custom endpoint is MinIO, R2 or a local server: asking the EC2 instance
             // metadata service for a region would only add delay and warnings.
@@ -447,6 +454,43 @@ where
     }
 }
 
+/// The AWS config and credentials files when `HOME` is unset, as for a mount started
+/// by systemd or mount(8) from fstab: the SDK finds `~/.aws` through `HOME` only, so
+/// without this a root mount would not see `/root/.aws`. `passwd_home` is the user's
+/// home from the password database; `AWS_CONFIG_FILE` and
+/// `AWS_SHARED_CREDENTIALS_FILE` still win. Only files that exist are given: the SDK
+/// takes a missing file given explicitly for an error.
+fn profile_files_without_home(
+    home: Option<std::ffi::OsString>,
+    passwd_home: Option<std::path::PathBuf>,
+) -> Option<ProfileFiles> {
+    if home.is_some() {
+        return None;
+    }
+    let aws = passwd_home?.join(".aws");
+    let file = |variable: &str, default: &str| {
+        std::env::var_os(variable)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| aws.join(default), std::path::PathBuf::from)
+    };
+    let config = file("AWS_CONFIG_FILE", "config");
+    let credentials = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+    let mut files = ProfileFiles::builder()
+        .include_default_config_file(false)
+        .include_default_credentials_file(false);
+    let mut any = false;
+    for (kind, path) in [
+        (ProfileFileKind::Config, config),
+        (ProfileFileKind::Credentials, credentials),
+    ] {
+        if path.is_file() {
+            files = files.with_file(kind, path);
+            any = true;
+        }
+    }
+    any.then(|| files.build())
+}
+
 fn aws_profile() -> Option<String> {
     std::env::var("AWS_PROFILE").ok().filter(|p| !p.is_empty())
 }
@@ -684,6 +728,25 @@ impl Read for BodyReader {
 #[cfg(test)]
 mod tests {
     use super::without_userinfo;
+
+    #[test]
+    fn without_home_the_aws_files_are_in_the_users_home() {
+        use super::profile_files_without_home;
+        assert!(
+            profile_files_without_home(Some("/home/me".into()), Some("/root".into())).is_none()
+        );
+        assert!(profile_files_without_home(None, None).is_none());
+        let home = tempfile::tempdir().unwrap();
+        assert!(profile_files_without_home(None, Some(home.path().into())).is_none());
+        std::fs::create_dir(home.path().join(".aws")).unwrap();
+        std::fs::write(home.path().join(".aws/credentials"), "[default]\n").unwrap();
+        let files = format!(
+            "{:?}",
+            profile_files_without_home(None, Some(home.path().into())).unwrap()
+        );
+        assert!(files.contains(".aws/credentials"), "{files}");
+        assert!(!files.contains(".aws/config"), "{files}");
+    }
 
     #[test]
     fn endpoint_userinfo_is_dropped() {
