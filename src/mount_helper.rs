@@ -9,7 +9,8 @@
 //! `--allow-other`, `ro` is `--read-only`. mount(8) options that concern it only
 //! (`noauto`, `_netdev`, `x-systemd.*`, `nofail`, `user`...) are dropped, and so are
 //! `suid`, `dev`, `exec` and their opposites: a ckptfs mount is always
-//! `nosuid,nodev`, whatever is asked.
+//! `nosuid,nodev`, whatever is asked. `--long` flags pass through as they are: the
+//! daemon is started with the same arguments (and program name) plus `--foreground`.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
@@ -68,6 +69,7 @@ pub fn translate(args: &[OsString], subcommands: &[&str]) -> Option<Result<Vec<O
 fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
     let mut positional = Vec::new();
     let mut options: Vec<String> = Vec::new();
+    let mut flags = Vec::new();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.to_str() {
@@ -94,6 +96,10 @@ fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
             Some("-t") => {
                 args.next();
             }
+            // `ckptfs mount` flags as they are, such as the `--foreground` that the
+            // daemon is started with (it is the same command line again, plus that
+            // flag). A value goes with `=`: `--cache-dir=DIR`.
+            Some(o) if o.starts_with("--") => flags.push(arg.clone()),
             Some(o) if o.starts_with('-') => {
                 return Err(format!(
                     "unexpected mount option {o:?} (give options with -o)"
@@ -130,6 +136,7 @@ fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
             out.push(OsStr::new(value).to_owned());
         }
     }
+    out.extend(flags);
     Ok(out)
 }
 
@@ -208,6 +215,40 @@ mod tests {
             ])))
         );
         let bad = translate(&args(&["mount.ckptfs", "only-one"]), COMMANDS);
+        assert!(matches!(bad, Some(Err(_))));
+    }
+
+    /// The daemon is the same command line again plus `--foreground` (see
+    /// `spawn_daemon`), so a helper line must take `ckptfs mount` flags too.
+    #[test]
+    fn long_flags_pass_through_for_the_daemon() {
+        let want = args(&[
+            "ckptfs",
+            "mount",
+            "s3://b/p",
+            "/mnt/ckpt",
+            "--refresh",
+            "10",
+            "--foreground",
+            "--cache-dir=/var/cache/c",
+        ]);
+        for program in ["ckptfs", "/sbin/mount.fuse.ckptfs"] {
+            let got = translate(
+                &args(&[
+                    program,
+                    "s3://b/p",
+                    "/mnt/ckpt",
+                    "-o",
+                    "refresh=10,dev,suid",
+                    "--foreground",
+                    "--cache-dir=/var/cache/c",
+                ]),
+                COMMANDS,
+            );
+            assert_eq!(got, Some(Ok(want.clone())), "{program}");
+        }
+        // Short flags other than mount(8)'s own stay refused.
+        let bad = translate(&args(&["ckptfs", "s", "/mnt", "-o", "ro", "-x"]), COMMANDS);
         assert!(matches!(bad, Some(Err(_))));
     }
 }

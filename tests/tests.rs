@@ -2,6 +2,7 @@
 //! once. Run through `scripts/test.sh`, which starts the S3 server the tests need.
 
 mod capture;
+mod ecosystem;
 mod mount;
 mod newcomer;
 mod review;

@@ -347,8 +347,14 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
     let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
     let writer_fd = std::os::fd::AsRawFd::as_raw_fd(&writer);
     let mut command = Command::new(std::env::current_exe().context("cannot find own executable")?);
+    let mut own_args = std::env::args_os();
+    // The same program name too: a mount helper's arguments (`mount.fuse.ckptfs
+    // SOURCE MOUNTPOINT`, which need not have `-o`) are known as such by that name.
+    if let Some(program) = own_args.next() {
+        command.arg0(program);
+    }
     command
-        .args(std::env::args_os().skip(1))
+        .args(own_args)
         .arg("--foreground")
         .env(READY_FD_ENV, writer_fd.to_string())
         .stdin(Stdio::null())

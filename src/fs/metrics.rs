@@ -91,7 +91,9 @@ impl Latencies {
                 histogram.quantile(&counts, 0.5),
                 histogram.quantile(&counts, 0.99),
             );
-            text += &format!("# latency {name}: {total} requests, p50 < {p50:?}, p99 < {p99:?}\n");
+            let requests = if total == 1 { "request" } else { "requests" };
+            text +=
+                &format!("# latency {name}: {total} {requests}, p50 < {p50:?}, p99 < {p99:?}\n");
         }
         text
     }

@@ -54,7 +54,10 @@ pub fn mount(fs: Arc<CheckpointFs>, options: &MountOptions) -> io::Result<Sessio
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(options.fsname.clone()),
-        MountOption::Subtype("ckptfs".into()),
+        // As a kernel option, not `MountOption::Subtype`: fuser hands that to
+        // fusermount3 alone, and the direct mount(2) it makes as root would then be
+        // of type `fuse`. The kernel and fusermount3 both take `subtype=`.
+        MountOption::CUSTOM("subtype=ckptfs".into()),
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::DefaultPermissions,
