@@ -383,6 +383,8 @@ pub struct PutOptions<'a> {
     /// Where the archive is written before upload.
     pub temp_dir: &'a Path,
     pub threads: usize,
+    /// Gzip members of earlier captures (see [`crate::archive::members`]).
+    pub members: Option<std::sync::Arc<crate::archive::members::MemberCache>>,
 }
 
 /// Archives `dir` and stores it, unless the same checkpoint is already there.
@@ -447,6 +449,7 @@ pub fn write_archive_file(
             max_size: options.max_archive_size,
             max_unpacked: options.max_unpacked,
             threads: options.threads,
+            members: options.members.clone(),
         },
         tar_copy,
     )?;

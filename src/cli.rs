@@ -321,7 +321,17 @@ pub struct PutArgs {
     /// too, with the same default).
     #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_UNPACKED_SIZE")]
     pub max_unpacked_size: u64,
+    /// Keeps the compressed pieces of earlier captures in DIR/members, so that the
+    /// next capture compresses only what changed (the same directory as a mount's
+    /// --cache-dir; default as there).
+    #[arg(long, value_name = "DIR", env = "CKPTFS_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMBER_CACHE_SIZE", help = MEMBER_CACHE_HELP)]
+    pub member_cache_size: u64,
 }
+
+const MEMBER_CACHE_HELP: &str = "Bound on the compressed pieces of earlier captures kept in \
+    CACHE_DIR/members (0: keep none, compress everything)";
 
 #[derive(Debug, Args)]
 pub struct GetArgs {
@@ -420,6 +430,8 @@ pub struct MountArgs {
     /// Part size of the uploads of sealed workspaces.
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_PART_SIZE")]
     pub part_size: u64,
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMBER_CACHE_SIZE", help = MEMBER_CACHE_HELP)]
+    pub member_cache_size: u64,
     /// Browse only: no staging/ and commit/, mounted `ro`, and files are opened by the
     /// kernel without asking the daemon (faster for many small files; no passthrough).
     #[arg(long, env = "CKPTFS_READ_ONLY")]

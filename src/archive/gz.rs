@@ -1,11 +1,22 @@
-//! Deterministic parallel gzip: the tar stream is cut into fixed-size chunks, each
-//! compressed on a worker thread into its own gzip member (header mtime 0, no name, OS
-//! Unix), and the members are written out in order.
+//! Deterministic parallel gzip: the tar stream is cut into members, each compressed on
+//! a worker thread into its own gzip member (header mtime 0, no name, OS Unix), and the
+//! members are written out in order.
 //!
-//! The output depends only on the input bytes and [`CHUNK_SIZE`], never on the number
-//! of threads, so every machine produces the same archive, and thus the same digest,
-//! for the same tree. Multi-member gzip is standard: `gzip -d`, `tar -xz`, Python's
-//! `tarfile` and flate2's `MultiGzDecoder` read it as one stream.
+//! Where members are cut depends on the tree, not on offsets in the stream, so that one
+//! edit changes only the members around it (what incremental capture builds on). The
+//! tar writer calls [`ParallelGzWriter::entry_boundary`] before each entry, and a
+//! member ends there when
+//! - the entry is large (at least [`LARGE_ENTRY`] of data), or the one before it was:
+//!   a large file starts a member of its own, cut every [`CHUNK_SIZE`] from its header;
+//! - or at least [`MIN_MEMBER`] is buffered and the hash of the entry's path picks it
+//!   (one path in [`GROUP`]): small entries go in groups that start at the same paths
+//!   whatever comes before them.
+//!
+//! A member never holds more than [`CHUNK_SIZE`] of tar. The output depends only on
+//! the input bytes and the entry paths, never on the number of threads, so every
+//! machine produces the same archive, and thus the same digest, for the same tree.
+//! Multi-member gzip is standard: `gzip -d`, `tar -xz`, Python's `tarfile` and
+//! flate2's `MultiGzDecoder` read it as one stream.
 //!
 //! Memory is bounded: at most `2 × threads` chunks (input plus output) are in flight.
 
@@ -17,8 +28,17 @@ use std::thread::JoinHandle;
 
 use flate2::{Compression, GzBuilder};
 
-/// Uncompressed bytes per gzip member. Changing it changes every digest.
+use super::members::MemberCache;
+
+/// The most uncompressed bytes in one gzip member. Changing any of these constants,
+/// or the path hash, changes the digests of new captures.
 pub const CHUNK_SIZE: usize = 1 << 20;
+/// Entries with this much data or more start a member of their own.
+pub const LARGE_ENTRY: u64 = 256 << 10;
+/// No path-picked cut before this much is buffered (members too small compress badly).
+pub const MIN_MEMBER: usize = 64 << 10;
+/// One path in `GROUP` starts a new group of small entries.
+pub const GROUP: u64 = 16;
 
 type Job = (Vec<u8>, SyncSender<io::Result<Vec<u8>>>);
 
@@ -30,6 +50,8 @@ pub struct ParallelGzWriter<W: Write> {
     pending: VecDeque<Receiver<io::Result<Vec<u8>>>>,
     workers: Vec<JoinHandle<()>>,
     max_pending: usize,
+    /// The entry written last was large: the next one starts a member.
+    after_large: bool,
 }
 
 fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
@@ -42,13 +64,16 @@ fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
 }
 
 impl<W: Write> ParallelGzWriter<W> {
-    pub fn new(out: W, threads: usize) -> Self {
+    /// With `members`, a member already compressed by an earlier capture is taken
+    /// from there instead of being compressed again.
+    pub fn new(out: W, threads: usize, members: Option<Arc<MemberCache>>) -> Self {
         let threads = threads.max(1);
         let (job_tx, job_rx) = mpsc::sync_channel::<Job>(threads);
         let job_rx = Arc::new(Mutex::new(job_rx));
         let workers = (0..threads)
             .map(|i| {
                 let job_rx = Arc::clone(&job_rx);
+                let members = members.clone();
                 std::thread::Builder::new()
                     .name(format!("ckptfs-gzip-{i}"))
                     .spawn(move || {
@@ -56,7 +81,11 @@ impl<W: Write> ParallelGzWriter<W> {
                             // The lock is held only while waiting for the next job.
                             let job = job_rx.lock().map(|rx| rx.recv());
                             let Ok(Ok((data, reply))) = job else { return };
-                            let _ = reply.send(compress_member(&data));
+                            let member = match &members {
+                                Some(cache) => cache.get_or_compress(&data, compress_member),
+                                None => compress_member(&data),
+                            };
+                            let _ = reply.send(member);
                         }
                     })
                     .expect("spawning a gzip worker thread")
@@ -69,7 +98,21 @@ impl<W: Write> ParallelGzWriter<W> {
             pending: VecDeque::new(),
             workers,
             max_pending: threads * 2,
+            after_large: false,
         }
+    }
+
+    /// Called before the tar entry `path` with `size` bytes of data is written: ends
+    /// the current member here if the rules of the module comment say so.
+    pub fn entry_boundary(&mut self, path: &[u8], size: u64) -> io::Result<()> {
+        let large = size >= LARGE_ENTRY;
+        let picked = self.buffer.len() >= MIN_MEMBER
+            && xxhash_rust::xxh3::xxh3_64(path).is_multiple_of(GROUP);
+        if large || self.after_large || picked {
+            self.submit_buffer()?;
+        }
+        self.after_large = large;
+        Ok(())
     }
 
     fn write_oldest(&mut self) -> io::Result<()> {
@@ -154,7 +197,7 @@ mod tests {
     use std::io::Read;
 
     fn compress(data: &[u8], threads: usize) -> Vec<u8> {
-        let mut w = ParallelGzWriter::new(Vec::new(), threads);
+        let mut w = ParallelGzWriter::new(Vec::new(), threads, None);
         for piece in data.chunks(7777) {
             w.write_all(piece).unwrap();
         }

@@ -9,7 +9,8 @@
 //! - GNU headers, user and group names left empty, long names as GNU `L`/`K` records;
 //! - the first path of a hard-linked file (in that order) holds the data, later paths
 //!   are link entries to it;
-//! - compression is [`super::gz`] (fixed chunking, zero gzip mtime, no file name).
+//! - compression is [`super::gz`] (members cut at entries chosen by size and path,
+//!   zero gzip mtime, no file name).
 //!
 //! The tree is read through descriptors (see [`crate::beneath`]): every entry is
 //! reached from the root's descriptor by names from `readdir`, opened with
@@ -47,6 +48,8 @@ pub struct WriterOptions {
     pub max_unpacked: u64,
     /// Compression threads; the output does not depend on it.
     pub threads: usize,
+    /// Members compressed by earlier captures; the output does not depend on it.
+    pub members: Option<std::sync::Arc<super::members::MemberCache>>,
 }
 
 /// The digest and length of the compressed archive that was written.
@@ -81,7 +84,7 @@ pub fn write_archive_with_copy<W: Write>(
         written: 0,
         limit: options.max_size,
     };
-    let gz = ParallelGzWriter::new(hashing, options.threads);
+    let gz = ParallelGzWriter::new(hashing, options.threads, options.members.clone());
     let mut builder = tar::Builder::new(Tee {
         gz,
         copy: Some(tar_copy),
@@ -115,6 +118,11 @@ pub fn write_archive_with_copy<W: Write>(
         ..
     } = hashing;
     inner.flush().map_err(ArchiveError::io("flush archive"))?;
+    if let Some(members) = &options.members
+        && let Err(e) = members.trim()
+    {
+        tracing::warn!(error = %e, "cannot trim the member cache");
+    }
     Ok(WrittenArchive {
         sha256: hex::encode(hasher.finalize()),
         size: written,
@@ -276,6 +284,7 @@ impl Walk {
                 })?;
                 let stat = rfs::fstat(walk.dir()).map_err(errno("stat", path))?;
                 let mut header = header_for(&stat, EntryType::Directory);
+                entry_boundary(builder, path, 0)?;
                 builder
                     .append_data(&mut header, archive_name, io::empty())
                     .map_err(io_error("archive", path))?;
@@ -287,6 +296,7 @@ impl Walk {
                     e => errno("read link", path)(e),
                 })?;
                 let mut header = header_for(&stat, EntryType::Symlink);
+                entry_boundary(builder, path, 0)?;
                 builder
                     .append_link(
                         &mut header,
@@ -319,6 +329,7 @@ impl Walk {
                     let key = (stat.st_dev, stat.st_ino);
                     if let Some(first) = self.hard_links.get(&key) {
                         let mut header = header_for(&stat, EntryType::Link);
+                        entry_boundary(builder, path, 0)?;
                         builder
                             .append_link(
                                 &mut header,
@@ -337,6 +348,7 @@ impl Walk {
                     inner: File::from(fd).take(size),
                     remaining: size,
                 };
+                entry_boundary(builder, path, size)?;
                 builder
                     .append_data(&mut header, archive_name, contents)
                     .map_err(io_error("archive", path))?;
@@ -353,6 +365,19 @@ impl Walk {
             }
         }
     }
+}
+
+/// Lets the compressor end a member before the entry `path` (see [`super::gz`]).
+fn entry_boundary<W: Write>(
+    builder: &mut Builder<'_, W>,
+    path: &[u8],
+    size: u64,
+) -> Result<(), ArchiveError> {
+    builder
+        .get_mut()
+        .gz
+        .entry_boundary(path, size)
+        .map_err(io_error("compress", path))
 }
 
 fn header_for(stat: &rfs::Stat, kind: EntryType) -> Header {
@@ -454,6 +479,7 @@ mod tests {
             max_size: u64::MAX,
             max_unpacked: u64::MAX,
             threads: 2,
+            members: None,
         }
     }
 
@@ -529,6 +555,7 @@ mod tests {
                 max_size: 10_000,
                 max_unpacked: u64::MAX,
                 threads: 1,
+                members: None,
             },
         )
         .unwrap_err();
@@ -618,5 +645,172 @@ mod tests {
         let err = archive_of(tree.path(), &mut Vec::new(), &options()).unwrap_err();
         assert!(err.to_string().contains("longer than 4096 bytes"), "{err}");
         crate::beneath::remove_at(dir_fd(tree.path()), OsStr::new("d")).unwrap();
+    }
+
+    /// The gzip members of an archive, each as its compressed bytes.
+    fn members(archive: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut rest = archive;
+        while !rest.is_empty() {
+            let mut decoder = flate2::bufread::GzDecoder::new(rest);
+            io::copy(&mut decoder, &mut io::sink()).unwrap();
+            let left = decoder.into_inner().len();
+            out.push(rest[..rest.len() - left].to_vec());
+            rest = &rest[rest.len() - left..];
+        }
+        out
+    }
+
+    /// A workspace of 400 small text files in 20 directories and 6 large files of
+    /// 0.3-2.5 MiB.
+    fn workspace(root: &Path) {
+        for d in 0..20 {
+            let dir = root.join(format!("src/mod{d:02}"));
+            fs::create_dir_all(&dir).unwrap();
+            for f in 0..20 {
+                let text: String = (0..(50 + (d * 20 + f) % 200))
+                    .map(|i| format!("fn f{d}_{f}_{i}() -> u64 {{ {} }}\n", i * 7919 % 1000))
+                    .collect();
+                fs::write(dir.join(format!("f{f:02}.rs")), text).unwrap();
+            }
+        }
+        for (i, kib) in [300u64, 700, 1200, 2500, 400, 900].into_iter().enumerate() {
+            let data: Vec<u8> = (0..kib * 1024)
+                .map(|j| (j.wrapping_mul(2_654_435_761) >> 13) as u8 ^ i as u8)
+                .collect();
+            fs::write(root.join(format!("src/mod{:02}/blob{i}.bin", i * 3)), data).unwrap();
+        }
+    }
+
+    /// Members of `after` that `before` does not have.
+    fn new_members(before: &[u8], after: &[u8]) -> (usize, usize) {
+        let old: std::collections::HashSet<Vec<u8>> = members(before).into_iter().collect();
+        let new = members(after);
+        let changed = new.iter().filter(|m| !old.contains(*m)).count();
+        (changed, new.len())
+    }
+
+    /// An edit, an addition or a removal changes only the members around it, wherever
+    /// it is in the tree: the member cuts do not move with the bytes before them.
+    #[test]
+    fn one_change_changes_only_the_members_around_it() {
+        let tree = tempfile::tempdir().unwrap();
+        workspace(tree.path());
+        let mut first = Vec::new();
+        archive_of(tree.path(), &mut first, &options()).unwrap();
+        let count = members(&first).len();
+        assert!(count >= 8, "{count} members");
+
+        let mut previous = first;
+        type Change = (&'static str, Box<dyn Fn(&Path)>);
+        let changes: [Change; 4] = [
+            (
+                "edit early in the tree",
+                Box::new(|r: &Path| {
+                    fs::write(r.join("src/mod00/f03.rs"), "fn edited() {}\n").unwrap()
+                }),
+            ),
+            (
+                "add a file",
+                Box::new(|r: &Path| {
+                    fs::write(r.join("src/mod05/new.rs"), "fn new() {}\n").unwrap()
+                }),
+            ),
+            (
+                "remove a file",
+                Box::new(|r: &Path| fs::remove_file(r.join("src/mod11/f07.rs")).unwrap()),
+            ),
+            (
+                "grow a large file",
+                Box::new(|r: &Path| {
+                    let path = r.join("src/mod03/blob1.bin");
+                    let mut data = fs::read(&path).unwrap();
+                    data.splice(1000..1000, b"inserted".iter().copied());
+                    fs::write(path, data).unwrap();
+                }),
+            ),
+        ];
+        for (what, change) in changes {
+            change(tree.path());
+            let mut next = Vec::new();
+            archive_of(tree.path(), &mut next, &options()).unwrap();
+            let (changed, total) = new_members(&previous, &next);
+            // The member with the change, and where the change ends a group early or
+            // makes a large file one chunk longer, the next one.
+            assert!(changed <= 2, "{what}: {changed} of {total} members changed");
+            assert!(changed >= 1, "{what}: no member changed");
+            previous = next;
+        }
+    }
+
+    /// The member cache changes how fast a capture is, never what it writes: a warm
+    /// cache, a cold one, none, and one with damaged or planted members all give the
+    /// same bytes, and damage is found and repaired.
+    #[test]
+    fn the_member_cache_reuses_members_and_never_changes_the_archive() {
+        use super::super::members::MemberCache;
+        use std::sync::Arc;
+        use std::sync::atomic::Ordering::Relaxed;
+        let tree = tempfile::tempdir().unwrap();
+        workspace(tree.path());
+        let cache_dir = tempfile::tempdir().unwrap();
+        let with = |members: Option<Arc<MemberCache>>| {
+            let mut out = Vec::new();
+            let options = WriterOptions {
+                members,
+                ..options()
+            };
+            archive_of(tree.path(), &mut out, &options).unwrap();
+            out
+        };
+        let plain = with(None);
+        let cold = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert_eq!(with(Some(Arc::clone(&cold))), plain);
+        let count = members(&plain).len() as u64;
+        assert_eq!(cold.stats.compressed.load(Relaxed), count);
+
+        // One file changed: every other member comes from the cache.
+        fs::write(tree.path().join("src/mod07/f11.rs"), "fn changed() {}\n").unwrap();
+        let plain = with(None);
+        let warm = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert_eq!(with(Some(Arc::clone(&warm))), plain);
+        let reused = warm.stats.reused.load(Relaxed);
+        assert!(
+            reused + 2 >= count && reused < count,
+            "{reused} of {count} reused"
+        );
+
+        // Damage: a truncated member, garbage, and a valid member of other data, each
+        // under the name of a member this tree needs (a cache of this tree only).
+        let cache_dir = tempfile::tempdir().unwrap();
+        let only_this = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert_eq!(with(Some(only_this)), plain);
+        let files: Vec<_> = fs::read_dir(cache_dir.path().join("v1"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        let member = fs::read(&files[0]).unwrap();
+        fs::write(&files[0], &member[..member.len() / 2]).unwrap();
+        fs::write(&files[1], b"not gzip at all").unwrap();
+        fs::write(&files[2], fs::read(&files[3]).unwrap()).unwrap();
+        let repaired = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert_eq!(with(Some(Arc::clone(&repaired))), plain);
+        assert!(repaired.stats.damaged.load(Relaxed) >= 3);
+        let again = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert_eq!(with(Some(Arc::clone(&again))), plain);
+        assert_eq!(
+            again.stats.damaged.load(Relaxed),
+            0,
+            "damage was not repaired"
+        );
+
+        // Bounded: the least recently used members go first.
+        let small = Arc::new(MemberCache::open(cache_dir.path(), 64 << 10).unwrap());
+        assert_eq!(with(Some(small)), plain);
+        let kept: u64 = fs::read_dir(cache_dir.path().join("v1"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert!(kept <= 64 << 10, "{kept} bytes kept");
     }
 }

@@ -89,6 +89,11 @@ impl VerifiedCheckpoint {
         read_at(&self.pack, start + offset, len)
     }
 
+    /// The pack itself, for copies made by the kernel (`copy_file_range`).
+    pub fn pack(&self) -> &File {
+        &self.pack
+    }
+
     /// Opens the own file of `node` read-only.
     pub fn open_own(&self, node: u32) -> io::Result<File> {
         File::open(own_file_path(&self.dir, node))

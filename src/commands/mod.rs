@@ -23,10 +23,10 @@ mod status;
 mod verify;
 
 use std::io::{self, IsTerminal};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::checkpoint::{self, CheckpointId};
@@ -105,4 +105,51 @@ fn temp_dir(given: &Option<PathBuf>) -> PathBuf {
 /// Threads for compressing archives: one per core.
 fn compression_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `--cache-dir`, or `$XDG_CACHE_HOME/ckptfs`, `$HOME/.cache/ckptfs`, and for root
+/// without either `/var/cache/ckptfs`. Never a shared temporary directory, where
+/// another user could have made the directory first.
+pub(super) fn cache_dir(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(dir) = explicit {
+        return Ok(dir.to_owned());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| Path::new(&h).join(".cache"))
+        });
+    match base {
+        Some(base) => Ok(base.join("ckptfs")),
+        None if rustix::process::geteuid().is_root() => Ok(PathBuf::from("/var/cache/ckptfs")),
+        None => bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"),
+    }
+}
+
+/// The member cache in `cache_dir/members` (see [`crate::archive::members`]), or
+/// none when `size` is 0 or it cannot be made: it changes how fast a capture is,
+/// never what it writes, so a capture goes on without it.
+pub(super) fn member_cache(
+    cache_dir: &Path,
+    size: u64,
+) -> Option<Arc<crate::archive::members::MemberCache>> {
+    if size == 0 {
+        return None;
+    }
+    let made = crate::cache::private_dir(cache_dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            crate::archive::members::MemberCache::open(&cache_dir.join("members"), size)
+                .map_err(|e| e.to_string())
+        });
+    match made {
+        Ok(cache) => Some(Arc::new(cache)),
+        Err(e) => {
+            tracing::warn!(dir = %cache_dir.display(), error = %e, "no member cache: compressing everything");
+            None
+        }
+    }
 }

@@ -15,14 +15,14 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::{compression_threads, open_store};
+use super::{cache_dir, compression_threads, member_cache, open_store};
 use crate::cache::{self, Cache};
 use crate::cli::{Cli, MountArgs};
 use crate::fs::loader::default_loaders;
@@ -190,7 +190,7 @@ fn mounted_source(mountpoint: &Path) -> Option<String> {
 /// The store, the cache, the staging tree, and the filesystem over them.
 fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let store = open_store(cli, &args.store, args.part_size)?;
-    let cache_dir = cache_dir(args)?;
+    let cache_dir = cache_dir(args.cache_dir.as_deref())?;
     // Cache errors name the directory.
     let cache = Arc::new(Cache::open(&cache_dir, args.cache_size)?);
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
@@ -220,6 +220,7 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
             gid,
             work_dir,
             threads: compression_threads(),
+            members: member_cache(&cache_dir, args.member_cache_size),
             loaders: args.loaders.unwrap_or_else(default_loaders),
             read_only: args.read_only,
         },
@@ -253,28 +254,6 @@ fn raise_open_file_limit() {
         }
     }
     tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
-}
-
-/// `--cache-dir`, or `$XDG_CACHE_HOME/ckptfs`, `$HOME/.cache/ckptfs`, and for root
-/// without either `/var/cache/ckptfs`. Never a shared temporary directory, where
-/// another user could have made the directory first.
-fn cache_dir(args: &MountArgs) -> Result<PathBuf> {
-    if let Some(dir) = &args.cache_dir {
-        return Ok(dir.clone());
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| Path::new(&h).join(".cache"))
-        });
-    match base {
-        Some(base) => Ok(base.join("ckptfs")),
-        None if rustix::process::geteuid().is_root() => Ok(PathBuf::from("/var/cache/ckptfs")),
-        None => bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"),
-    }
 }
 
 fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
@@ -334,7 +313,7 @@ fn report_ready() {
 /// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
 /// report that the mount is ready.
 fn spawn_daemon(args: &MountArgs) -> Result<()> {
-    let cache_dir = cache_dir(args)?;
+    let cache_dir = cache_dir(args.cache_dir.as_deref())?;
     cache::private_dir(&cache_dir)?;
     let log_path = cache_dir.join("ckptfs.log");
     let log = std::fs::OpenOptions::new()

@@ -3,7 +3,9 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::{bar, compression_threads, open_config, store_config, temp_dir};
+use super::{
+    bar, cache_dir, compression_threads, member_cache, open_config, store_config, temp_dir,
+};
 use crate::checkpoint::{self, PutOptions, StoreOutcome};
 use crate::cli::{Cli, PutArgs};
 use crate::store::{self, StoreConfig};
@@ -22,6 +24,10 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         eprintln!("created the store directory {}", args.store);
     }
     let store = open_config(&config)?;
+    // Without a cache directory (no HOME), everything is compressed, as before.
+    let members = cache_dir(args.cache_dir.as_deref())
+        .ok()
+        .and_then(|dir| member_cache(&dir, args.member_cache_size));
     let upload = bar(0, "uploading");
     let report = checkpoint::put(
         store.as_ref(),
@@ -31,6 +37,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             max_unpacked: args.max_unpacked_size,
             temp_dir: &temp_dir(&args.temp_dir),
             threads: compression_threads(),
+            members: members.clone(),
         },
         &|done, total| {
             upload.set_length(total);
@@ -39,6 +46,16 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     )
     .with_context(|| format!("cannot capture {}", args.dir.display()))?;
     upload.finish_and_clear();
+    if let Some(members) = &members {
+        let stats = &members.stats;
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            reused = load(&stats.reused),
+            compressed = load(&stats.compressed),
+            reused_bytes = load(&stats.reused_bytes),
+            "gzip members: reused from earlier captures, and compressed"
+        );
+    }
     println!("{} {}", report.id, report.size);
     match report.outcome {
         StoreOutcome::AlreadyPresent => eprintln!(

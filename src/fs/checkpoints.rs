@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::inode::{self, Inode};
 use super::listing::{Catalog, Slot};
 use super::loader::{Load, Loader};
-use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
 use crate::archive::index::{FileLocation, Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 
@@ -335,6 +335,23 @@ impl Subtree for Checkpoints {
                     .map_err(FsError::Io)
             }
         }
+    }
+
+    fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
+        let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
+        let (file, start, size) = match handle.as_deref().ok_or(FsError::BadHandle)? {
+            Handle::Own { file, .. } => (file, 0, u64::MAX),
+            Handle::Packed {
+                checkpoint,
+                start,
+                size,
+            } => (checkpoint.pack(), *start, *size),
+        };
+        Ok(CopySource {
+            file: file.try_clone().map_err(FsError::Io)?,
+            start,
+            size,
+        })
     }
 
     fn release(&self, fh: u64) {

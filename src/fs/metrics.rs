@@ -16,9 +16,10 @@ pub enum Op {
     Write,
     Create,
     Rename,
+    CopyFileRange,
 }
 
-const OPS: [(Op, &str); 8] = [
+const OPS: [(Op, &str); 9] = [
     (Op::Lookup, "lookup"),
     (Op::Getattr, "getattr"),
     (Op::Readdir, "readdir"),
@@ -27,6 +28,7 @@ const OPS: [(Op, &str); 8] = [
     (Op::Write, "write"),
     (Op::Create, "create"),
     (Op::Rename, "rename"),
+    (Op::CopyFileRange, "copy_file_range"),
 ];
 
 /// Bucket `i` counts latencies below 2^i microseconds (the last one, anything).

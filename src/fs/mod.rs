@@ -63,6 +63,8 @@ pub struct FsConfig {
     pub work_dir: std::path::PathBuf,
     /// Compression threads for sealing.
     pub threads: usize,
+    /// Gzip members of earlier captures, for sealing.
+    pub members: Option<Arc<crate::archive::members::MemberCache>>,
     /// Checkpoints loaded at once (see [`loader::default_loaders`]).
     pub loaders: usize,
     /// No `staging/` and no `commit/`; files are read without opening them (see
@@ -128,6 +130,15 @@ pub struct Opened {
     pub direct_io: bool,
 }
 
+/// An open file's contents as bytes `start..start + size` of `file`.
+pub struct CopySource {
+    /// A descriptor of its own (`dup`), valid after the handle is released or its
+    /// checkpoint evicted.
+    pub file: std::fs::File,
+    pub start: u64,
+    pub size: u64,
+}
+
 /// What each subtree answers. Changes are not part of it: only `staging/` takes
 /// them, and the others say why not with [`Subtree::refusal`].
 pub trait Subtree: Send + Sync {
@@ -147,6 +158,12 @@ pub trait Subtree: Send + Sync {
     /// Opens a file with `open(2)` flags.
     fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError>;
     fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError>;
+    /// The bytes behind open handle `fh` as a range of a file on disk, so that the
+    /// kernel can copy them itself (`copy_file_range`). `ENOTSUP` where there is no
+    /// such file: the kernel then copies through `read` and `write`.
+    fn copy_source(&self, _fh: u64) -> Result<CopySource, FsError> {
+        Err(FsError::NotSupported("copy_file_range"))
+    }
     fn release(&self, fh: u64);
     /// Why `ino`, or an entry in it, cannot be changed.
     fn refusal(&self, ino: u64) -> FsError;
@@ -217,6 +234,7 @@ impl CheckpointFs {
                 limits: config.limits,
                 work_dir: config.work_dir,
                 threads: config.threads,
+                members: config.members,
             },
         ));
         let latencies = Arc::new(metrics::Latencies::default());
@@ -345,6 +363,29 @@ impl CheckpointFs {
 
     pub fn release(&self, fh: u64) {
         self.of_handle(fh).release(fh)
+    }
+
+    /// `copy_file_range` from any open file into a staged one, done by the kernel
+    /// between the two backing files (a reflink where the filesystem has them): how
+    /// `cp` starts a workspace from a checkpoint. Returns the bytes copied; fewer than
+    /// `len` only at the end of the source.
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> Result<u32, FsError> {
+        if Owner::of_handle(fh_out) != Owner::Staging {
+            return Err(FsError::ReadOnly);
+        }
+        if fh_in == NO_HANDLE {
+            return Err(FsError::NotSupported("copy_file_range"));
+        }
+        let source = self.of_handle(fh_in).copy_source(fh_in)?;
+        self.staging
+            .copy_into(fh_out, offset_out, &source, offset_in, len)
     }
 
     /// The kernel dropped `count` references to `ino` (only staging counts them).

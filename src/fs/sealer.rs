@@ -22,6 +22,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -52,6 +53,8 @@ pub struct SealerConfig {
     pub work_dir: PathBuf,
     /// Compression threads.
     pub threads: usize,
+    /// Gzip members of earlier captures.
+    pub members: Option<Arc<crate::archive::members::MemberCache>>,
 }
 
 #[derive(Default)]
@@ -212,7 +215,19 @@ impl Sealer {
             Ok((id, how)) => {
                 seals.succeeded += 1;
                 seals.sealed.push((commit_name.to_vec(), id.clone()));
-                tracing::info!(workspace = %shown, checkpoint = %id, %how, "sealed");
+                // Over the mount's life: how much the member cache saved.
+                let (reused, compressed) = self.config.members.as_ref().map_or((0, 0), |m| {
+                    let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+                    (load(&m.stats.reused), load(&m.stats.compressed))
+                });
+                tracing::info!(
+                    workspace = %shown,
+                    checkpoint = %id,
+                    %how,
+                    members_reused = reused,
+                    members_compressed = compressed,
+                    "sealed"
+                );
                 format!("{shown}: sealed as {id} ({how})")
             }
             Err(e) => {
@@ -247,6 +262,7 @@ impl Sealer {
             max_unpacked: self.config.limits.max_unpacked_bytes,
             temp_dir: &self.config.work_dir,
             threads: self.config.threads,
+            members: self.config.members.clone(),
         };
         // The uncompressed tar stream is indexed into the cache on a second thread as
         // it is written: the new checkpoint is then served from the very bytes that

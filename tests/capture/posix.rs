@@ -590,3 +590,133 @@ fn modes_follow_the_callers_umask_like_a_local_disk() {
         );
     }
 }
+
+/// The `# latency NAME: N requests` count of `.status`, 0 when absent.
+fn requests(status: &str, operation: &str) -> u64 {
+    let prefix = format!("# latency {operation}: ");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(' ').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Starting a turn from the last one: `cp -a MNT/latest/. MNT/staging/NAME/` copies
+/// file contents with `copy_file_range`, which the daemon hands to the kernel as a
+/// copy between the cache's file and the staged one, never past the copied file's
+/// bytes (small files are ranges of one pack). The copy is the same tree, and
+/// sealing it gives the checkpoint it was copied from.
+#[test]
+fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
+    let (store, mount) = mount();
+    let work = repo_temp_dir("capture-copy-");
+    let src = work.path().join("src");
+    make_sample_tree(&src);
+    let out = run(crate::util::ckptfs().arg("put").arg(store.url()).arg(&src)).success();
+    let sha = out.stdout.split_whitespace().next().unwrap().to_owned();
+    let checkpoint = mount.join(&sha);
+    // The listing picks the new object up within the refresh interval.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !checkpoint.exists() {
+        assert!(std::time::Instant::now() < deadline, "{sha} never listed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let before = requests(&mount.status_text(), "copy_file_range");
+    let staged = mount.staged("turn-2");
+    fs::create_dir(&staged).unwrap();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", checkpoint.display()))
+        .arg(&staged))
+    .success();
+    assert_same_tree(&src, &staged);
+    let status = mount.status_text();
+    let copies = requests(&status, "copy_file_range") - before;
+    let files = walk_files(&src);
+    assert!(
+        copies >= files,
+        "{copies} copy_file_range requests for {files} non-empty files:\n{status}"
+    );
+
+    // A packed file: asking for far more than it holds copies exactly its bytes, and
+    // nothing from past its end.
+    let small = checkpoint.join("hello.py");
+    let want = fs::read(&small).unwrap();
+    let source = File::open(&small).unwrap();
+    let target = File::create(staged.join("copied-by-hand")).unwrap();
+    let (mut off_in, mut off_out) = (0i64, 0i64);
+    let copied = unsafe {
+        libc::copy_file_range(
+            std::os::fd::AsRawFd::as_raw_fd(&source),
+            &mut off_in,
+            std::os::fd::AsRawFd::as_raw_fd(&target),
+            &mut off_out,
+            1 << 20,
+            0,
+        )
+    };
+    assert_eq!(
+        copied,
+        want.len() as isize,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    drop(target);
+    assert_eq!(fs::read(staged.join("copied-by-hand")).unwrap(), want);
+    fs::remove_file(staged.join("copied-by-hand")).unwrap();
+
+    fs::rename(&staged, mount.committed("turn-2"))
+        .unwrap_or_else(|e| panic!("seal the copy: {e}\n{}", mount.log_excerpt()));
+    assert_eq!(
+        mount.commit_target("turn-2"),
+        sha,
+        "the copy sealed as another tree"
+    );
+
+    // The next turn: copied, one file changed, sealed. Its unchanged gzip members
+    // come from the member cache the first seal filled.
+    let staged = mount.staged("turn-3");
+    fs::create_dir(&staged).unwrap();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", checkpoint.display()))
+        .arg(&staged))
+    .success();
+    fs::write(staged.join("hello.py"), "print('turn 3')\n").unwrap();
+    fs::rename(&staged, mount.committed("turn-3"))
+        .unwrap_or_else(|e| panic!("seal turn 3: {e}\n{}", mount.log_excerpt()));
+    let log = mount.log_text();
+    let sealed = log
+        .lines()
+        .rfind(|l| l.contains("sealed"))
+        .unwrap_or_default();
+    let reused: u64 = sealed
+        .split_once("members_reused=")
+        .map(|(_, rest)| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no members_reused in the seal's log line: {sealed}"));
+    assert!(reused >= 1, "turn 3 reused no member: {sealed}");
+}
+
+/// Non-empty regular files under `root`, hard links counted once.
+fn walk_files(root: &Path) -> u64 {
+    fn walk(dir: &Path, seen: &mut std::collections::HashSet<u64>) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                walk(&path, seen);
+            } else if meta.is_file() && meta.len() > 0 {
+                seen.insert(meta.ino());
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    walk(root, &mut seen);
+    seen.len() as u64
+}

@@ -60,6 +60,7 @@ both_stores!(
     concurrent_puts_leave_one_intact_object,
     reads_archives_written_by_python_tarfile,
     archives_are_readable_by_other_tools,
+    a_turn_compresses_only_what_changed,
 );
 
 /// More than a second, so S3 LastModified and file times can tell writes apart.
@@ -976,4 +977,87 @@ fn s3_bucket_root_store_with_endpoint_flag() {
     let dest = work.path().join("dest");
     run(with_flag("get").arg(&sha[..10]).arg(&dest)).success();
     assert_same_tree(&src, &dest);
+}
+
+/// `N` in `KEY=N` of a log line.
+fn logged_count(text: &str, key: &str) -> u64 {
+    let at = text
+        .find(&format!(" {key}="))
+        .unwrap_or_else(|| panic!("no {key}= in: {text}"));
+    text[at + key.len() + 2..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// A second capture after a small change takes every unchanged gzip member from the
+/// member cache of the first, and writes the same bytes as a capture without it:
+/// restored by `get` and by `tar -xzf` alike.
+fn a_turn_compresses_only_what_changed(store: &TestStore) {
+    let work = temp_dir();
+    let src = work.path().join("src");
+    make_sample_tree(&src);
+    for d in 0..8 {
+        for f in 0..12 {
+            let text = format!("module {d} file {f}\n").repeat(1500 + d * 100 + f);
+            write_file(
+                &src.join(format!("pkg{d}/f{f:02}.txt")),
+                text.as_bytes(),
+                0o644,
+            );
+        }
+    }
+    let cache = work.path().join("cache");
+    let put = |tree: &Path| {
+        run(ckptfs()
+            .args(["-v", "put"])
+            .arg(store.url())
+            .arg(tree)
+            .arg("--cache-dir")
+            .arg(&cache))
+        .success()
+    };
+    let first = put(&src);
+    let members = logged_count(&first.stderr, "compressed");
+    assert!(members >= 6, "{first}");
+    assert_eq!(logged_count(&first.stderr, "reused"), 0, "{first}");
+
+    write_file(&src.join("pkg3/f05.txt"), b"changed\n", 0o644);
+    let second = put(&src);
+    let (sha, size) = parse_put_output(&second);
+    let compressed = logged_count(&second.stderr, "compressed");
+    let reused = logged_count(&second.stderr, "reused");
+    assert!(compressed <= 2 && reused + 2 >= members, "{second}");
+
+    // The same bytes without any cache.
+    let other = TestStore::local();
+    let out = run(ckptfs()
+        .arg("put")
+        .arg(other.url())
+        .arg(&src)
+        .args(["--member-cache-size", "0"]))
+    .success();
+    assert_eq!(parse_put_output(&out), (sha.clone(), size), "{out}");
+
+    let restored = work.path().join("restored");
+    run(ckptfs()
+        .arg("get")
+        .arg(store.url())
+        .arg(&sha)
+        .arg(&restored))
+    .success();
+    assert_same_tree(&src, &restored);
+    let archive = work.path().join("turn.tar.gz");
+    fs::write(&archive, store.object_bytes(&sha).unwrap()).unwrap();
+    let untarred = work.path().join("untarred");
+    fs::create_dir(&untarred).unwrap();
+    run(std::process::Command::new("tar")
+        .arg("-xzpf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&untarred))
+    .success();
+    assert_same_tree(&src, &untarred);
 }

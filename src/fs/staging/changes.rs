@@ -15,7 +15,10 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 use super::{Caller, Handle, Loc, OMIT, SetAttr, StagingTree, open_checked, os, timespec};
 use crate::beneath;
 use crate::fs::inode;
-use crate::fs::{Attr, FsError, Opened};
+use crate::fs::{Attr, CopySource, FsError, Opened};
+
+/// The most one `copy_file_range` request copies: its reply counts bytes in a `u32`.
+const MAX_COPY: u64 = 1 << 30;
 
 impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
@@ -359,5 +362,48 @@ impl StagingTree {
         self.check_not_frozen(*ino)?;
         file.write_all_at(data, offset).map_err(FsError::Os)?;
         Ok(data.len() as u32)
+    }
+
+    /// Writes up to `len` bytes of `source` from `source_offset` into the staged file
+    /// `fh` at `offset`, copied by the kernel between the two files on disk. Like a
+    /// write, refused while the file's workspace is frozen for a seal. The count fits
+    /// the reply (`u32`); the caller asks again for the rest.
+    pub fn copy_into(
+        &self,
+        fh: u64,
+        offset: u64,
+        source: &CopySource,
+        source_offset: u64,
+        len: u64,
+    ) -> Result<u32, FsError> {
+        let _changing = self.changing();
+        let handle = self.handle(fh);
+        let Some(Handle { file, ino, .. }) = handle.as_deref() else {
+            return Err(FsError::BadHandle);
+        };
+        self.check_not_frozen(*ino)?;
+        // Never past the source's own bytes: a packed file is a range of the pack.
+        let mut remaining = len
+            .min(source.size.saturating_sub(source_offset))
+            .min(MAX_COPY);
+        let mut from = source.start.saturating_add(source_offset);
+        let mut to = offset;
+        let mut copied = 0u64;
+        while remaining > 0 {
+            let n = rustix::fs::copy_file_range(
+                &source.file,
+                Some(&mut from),
+                file,
+                Some(&mut to),
+                remaining as usize,
+            )
+            .map_err(os)? as u64;
+            if n == 0 {
+                break; // the end of the source file
+            }
+            copied += n;
+            remaining -= n;
+        }
+        Ok(copied as u32)
     }
 }

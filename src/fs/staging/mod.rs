@@ -46,7 +46,7 @@ mod freeze;
 pub use freeze::Frozen;
 
 use super::inode;
-use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
 
 /// Attributes of staged entries change behind the kernel's back only through this
 /// mount: cached for a second.
@@ -677,6 +677,18 @@ impl Subtree for StagingTree {
 
     fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         self.read_handle(fh, offset, size)
+    }
+
+    fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
+        let handle = self.handle(fh);
+        let Some(Handle { file, .. }) = handle.as_deref() else {
+            return Err(FsError::BadHandle);
+        };
+        Ok(CopySource {
+            file: file.try_clone().map_err(FsError::Os)?,
+            start: 0,
+            size: u64::MAX,
+        })
     }
 
     fn release(&self, fh: u64) {

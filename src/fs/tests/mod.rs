@@ -163,6 +163,7 @@ pub fn put_tree(store_dir: &Path, files: &[(&str, &[u8])]) -> CheckpointId {
         max_unpacked: u64::MAX,
         temp_dir: scratch.path(),
         threads: 1,
+        members: None,
     };
     checkpoint::put(&store, tree.path(), &options, &|_, _| {})
         .unwrap()
@@ -210,6 +211,7 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             gid: 0,
             work_dir: cache_dir.path().to_owned(),
             threads: 1,
+            members: None,
             loaders: options.loaders,
             read_only: options.read_only,
         },

@@ -118,9 +118,17 @@ fn a_file_open_for_writing_makes_the_seal_busy_and_a_frozen_tree_refuses_changes
     let writer = f.fs.open(file, libc::O_WRONLY).unwrap();
     assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EBUSY);
     f.fs.release(writer.fh);
-    // Frozen by hand, as a seal does: every change inside answers EBUSY.
+    // Frozen by hand, as a seal does: every change inside answers EBUSY, also
+    // through a handle opened before (a writer's would stop the freeze).
+    let open_before = f.fs.open(file, libc::O_RDONLY).unwrap();
     let frozen = f.fs.staging.freeze(b"ws").unwrap();
     let busy = |r: Result<(), FsError>| assert_eq!(r.unwrap_err().errno(), libc::EBUSY);
+    busy(f.fs.write(open_before.fh, 0, b"y").map(drop));
+    busy(
+        f.fs.copy_file_range(open_before.fh, 0, open_before.fh, 1, 1)
+            .map(drop),
+    );
+    f.fs.release(open_before.fh);
     busy(f.fs.mkdir(ws, b"d", 0o755, ROOT_CALLER).map(drop));
     busy(f.fs.unlink(ws, b"file"));
     busy(f.fs.open(file, libc::O_WRONLY).map(drop));
