@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Benchmark: what turn N+1 costs. A workspace is captured, then changed in BENCH_TURNS
+# turns, each editing about 1% of its files and adding and removing a few, against a
+# local S3 server (moto). Side by side, in one run:
+#   put        ckptfs put of each turn with the member cache of the turns before
+#              (--cache-dir), vs a full put (empty member cache), vs the user's
+#              pipeline: tar -czf - | tee >(sha256sum) > x.tar.gz + aws s3 cp
+#   seal       through a mount: cp -a MNT/<last>/. MNT/staging/NAME/, one file
+#              changed, mv MNT/staging/NAME MNT/commit/, vs the full put
+#   copy       that cp -a (copy_file_range between the cache and staging/) vs cp -a
+#              between two local directories of the same disk
+#   uploaded   bytes sent per turn, as a share of the object
+#   cache      the mount's cache after reading every turn, vs one turn unpacked
+#   open N+1   first `ls -R` of turn N+1 on a fresh mount whose cache holds turn N,
+#              vs with an empty cache
+# Prints Markdown tables on stdout (progress on stderr). See BENCHMARKS.md, section 6.
+#
+# Environment:
+#   BENCH_MB      workspace size in MiB (default 300)
+#   BENCH_FILES   number of files (default 6000)
+#   BENCH_TURNS   turns after the first capture (default 5)
+#   BENCH_DIR     work directory (default REPO/.tmp/bench); removed at exit
+#   BENCH_KEEP=1  keep the work directory
+#   CKPTFS_BIN    use this binary instead of building target/release/ckptfs
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/bench.sh
+source scripts/lib/bench.sh
+
+BENCH_MB="${BENCH_MB:-300}"
+BENCH_FILES="${BENCH_FILES:-6000}"
+BENCH_TURNS="${BENCH_TURNS:-5}"
+# shellcheck disable=SC2034 # used by mount_ckptfs in scripts/lib/bench.sh
+CKPTFS_GLOBAL=()
+
+bench_init turns
+bench_deps ""
+bench_moto
+
+TREE="$WORK/tree"
+MNT="$WORK/mnt"
+LOCAL="$WORK/local"
+TMPD="$WORK/tmp"
+mkdir -p "$LOCAL" "$TMPD"
+BUCKET="bench-turns-$$"
+"$AWS" s3 mb "s3://$BUCKET" >/dev/null
+STORE="s3://$BUCKET/ckpt"
+
+log "generating a source-like tree: $BENCH_MB MiB, $BENCH_FILES files"
+"$CKPTFS_VENV/bin/python" scripts/lib/gen_corpus.py source "$TREE" --mb "$BENCH_MB" --files "$BENCH_FILES"
+TREE_BYTES="$(cat "$TREE.bytes")"
+TREE_FILES="$(wc -l <"$TREE.files")"
+tar -cf - -C "$TREE" . >/dev/null
+
+settle() { sync -f "$WORK" 2>/dev/null || sync; }
+
+# One turn: about 1% of the files get a line appended (text) or 4 KiB overwritten in
+# the middle (binary), 3 new files appear and 3 go. Deterministic per turn number.
+change_tree() {
+    local dir="$1" turn="$2"
+    "$CKPTFS_VENV/bin/python" - "$dir" "$turn" <<'EOF'
+import os, random, sys
+root, turn = sys.argv[1], int(sys.argv[2])
+rng = random.Random(1000 + turn)
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+for path in rng.sample(files, max(1, len(files) // 100)):
+    if path.endswith(".bin"):
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            f.write(rng.randbytes(4096))
+    else:
+        with open(path, "a") as f:
+            f.write(f"# turn {turn}: edited\n")
+for path in rng.sample(files, 3):
+    if os.path.exists(path):
+        os.remove(path)
+for i in range(3):
+    with open(os.path.join(root, f"turn{turn}-new{i}.txt"), "w") as f:
+        f.write(f"new in turn {turn}\n" * rng.randint(10, 2000))
+EOF
+}
+
+# ckptfs put with a member cache dir; records seconds under KEY, the members reused
+# and compressed, and prints the digest.
+ck_put() {
+    local key="$1" cache="$2" sha
+    settle
+    run_begin
+    tm "$key" "$CKPTFS" -v put "$STORE" "$TREE" --temp-dir "$TMPD" --cache-dir "$cache" \
+        >"$WORK/put.out" 2>"$WORK/put.err" || { cat "$WORK/put.err" >&2; die "put failed"; }
+    record "${key}_s" "$(step_secs "$key")"
+    record "${key}_reused" "$(sed -n 's/.* reused=\([0-9]*\).*/\1/p' "$WORK/put.err" | tail -n 1)"
+    record "${key}_compressed" "$(sed -n 's/.* compressed=\([0-9]*\).*/\1/p' "$WORK/put.err" | tail -n 1)"
+    sha="$(awk '{ print $1 }' "$WORK/put.out")"
+    [[ "$sha" =~ ^[0-9a-f]{64}$ ]] || die "put gave no digest"
+    record "${key}_object" "$(awk '{ print $2 }' "$WORK/put.out")"
+    echo "$sha"
+}
+
+# shellcheck disable=SC2016 # expanded by the inner shell
+PIPE='shopt -s lastpipe; set -o pipefail
+tar -czf - -C "$1" . | tee >(sha256sum >"$2") >"$3" || exit
+wait $!'
+pipeline() {
+    local sha size
+    rm -f "$WORK/x.tar.gz"
+    settle
+    run_begin
+    tm archive bash -c "$PIPE" pipe "$TREE" "$WORK/sum.out" "$WORK/x.tar.gz"
+    sha="$(awk '{ print $1 }' "$WORK/sum.out")"
+    size="$(stat -c %s "$WORK/x.tar.gz")"
+    tm upload "$AWS" s3 cp --only-show-errors "$WORK/x.tar.gz" "s3://$BUCKET/pipe/$sha-$RANDOM.tar.gz" \
+        --metadata "sha256=$sha,size=$size"
+    record pipe_s "$(run_total | awk '{ print $1 }')"
+    rm -f "$WORK/x.tar.gz"
+}
+
+# --- put: turn 0, then each turn with the cache of the turns before, a full put of
+# the same tree (empty member cache: what every turn cost before), and the pipeline.
+SHAS=()
+log "turn 0: first capture"
+SHAS+=("$(ck_put first "$WORK/members")")
+for turn in $(seq 1 "$BENCH_TURNS"); do
+    change_tree "$TREE" "$turn"
+    tar -cf - -C "$TREE" . >/dev/null
+    # Alternate which goes first. The full put finds the object already there (the
+    # turn's put stored it) or stores it: delete it so that both upload.
+    if [ $((turn % 2)) = 1 ]; then
+        sha="$(ck_put turn "$WORK/members")"
+        "$AWS" s3 rm --only-show-errors "$STORE/$sha.tar.gz"
+        rm -rf "$WORK/empty"; full_sha="$(ck_put full "$WORK/empty")"
+        pipeline
+    else
+        pipeline
+        rm -rf "$WORK/empty"; full_sha="$(ck_put full "$WORK/empty")"
+        "$AWS" s3 rm --only-show-errors "$STORE/$full_sha.tar.gz"
+        sha="$(ck_put turn "$WORK/members")"
+    fi
+    [ "$sha" = "$full_sha" ] || die "turn $turn: the member cache changed the digest ($sha vs $full_sha)"
+    SHAS+=("$sha")
+    log "turn $turn: put $(tail -n 1 "$RES/turn_s") s ($(tail -n 1 "$RES/turn_reused") members reused," \
+        "$(tail -n 1 "$RES/turn_compressed") compressed); full put $(tail -n 1 "$RES/full_s") s;" \
+        "pipeline $(tail -n 1 "$RES/pipe_s") s"
+done
+LAST="${SHAS[-1]}"
+PREV="${SHAS[-2]}"
+OBJECT="$(tail -n 1 "$RES/turn_object")"
+
+# --- through a mount: open N+1 knowing N, the copy into staging, a one-file seal -----
+mount_ckptfs "$STORE" "$MNT" "$WORK/cache-open" --cache-size 8GiB
+PID="$CKPT_PID"
+ls -R "$MNT/$PREV" >/dev/null
+unmount_wait "$MNT" "$PID"
+for side in warm cold; do
+    cache="$WORK/cache-open"
+    [ "$side" = warm ] || { rm -rf "$WORK/cache-cold"; cache="$WORK/cache-cold"; }
+    mount_ckptfs "$STORE" "$MNT" "$cache" --cache-size 8GiB
+    PID="$CKPT_PID"
+    settle
+    run_begin
+    tm "open_$side" ls -R "$MNT/$LAST" >/dev/null
+    record "open_${side}_s" "$(step_secs "open_$side")"
+    unmount_wait "$MNT" "$PID"
+done
+
+mount_ckptfs "$STORE" "$MNT" "$WORK/cache" --cache-size 8GiB
+PID="$CKPT_PID"
+for sha in "${SHAS[@]}"; do tar -cf - -C "$MNT/$sha" . >/dev/null; done
+CACHE_BYTES="$(du -sb "$WORK/cache/checkpoints" | awk '{ print $1 }')"
+for run in 1 2 3; do
+    dest="$MNT/staging/turn-$run"
+    mkdir "$dest"
+    settle
+    run_begin
+    tm copy cp -a "$MNT/$LAST/." "$dest/"
+    record copy_s "$(step_secs copy)"
+    mkdir "$LOCAL/copy-$run"
+    settle
+    run_begin
+    tm local_copy cp -a "$TREE/." "$LOCAL/copy-$run/"
+    record local_copy_s "$(step_secs local_copy)"
+    rm -rf "$LOCAL/copy-$run"
+    # One file changed, then sealed. The first seal fills the mount's member cache.
+    one="$(find "$dest" -name '*.txt' -type f | sort | sed -n "${run}p")"
+    echo "# sealed in run $run" >>"$one"
+    settle
+    run_begin
+    tm seal mv "$dest" "$MNT/commit/"
+    [ "$run" = 1 ] || record seal_s "$(step_secs seal)"
+done
+unmount_wait "$MNT" "$PID"
+
+# --- tables ---------------------------------------------------------------------------
+mb="$(human "$TREE_BYTES")"
+full="$(med full_s)"
+echo
+echo "### Turn N+1: put, seal and open after a 1% change, vs a full capture (moto)"
+echo
+echo "Workspace: $TREE_FILES files, $mb (source-like, seed 42); $BENCH_TURNS turns, each" \
+    "editing 1% of the files and adding and removing 3. Object $(human "$OBJECT"). Medians" \
+    "over the turns (the seal and the copy: over 2 and 3 runs). Ratios are to the full put."
+echo "Machine: $(machine_line)."
+echo
+md_header "measurement" "seconds" "ratio" "target"
+md_row "full put (empty member cache: every member compressed)" "$(f2 "$full")" "1.00" ""
+md_row "\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`" "$(f2 "$(med pipe_s)")" "$(ratio "$(med pipe_s)" "$full")" ""
+md_row "put of a 1% turn, member cache of the turns before ($(med turn_reused) members reused, $(med turn_compressed) compressed)" \
+    "$(f2 "$(med turn_s)")" "**$(ratio "$(med turn_s)" "$full")**" "≤ 0.25"
+md_row "seal of a one-file change through the mount" "$(f2 "$(med seal_s)")" "**$(ratio "$(med seal_s)" "$full")**" "≤ 0.3"
+md_row "first \`ls -R\` of turn N+1, cache holding turn N" "$(f2 "$(med open_warm_s)")" \
+    "**$(ratio "$(med open_warm_s)" "$(med open_cold_s)")** of the empty-cache open" "≤ 0.5"
+md_row "first \`ls -R\` of turn N+1, empty cache" "$(f2 "$(med open_cold_s)")" "1.00" ""
+echo
+md_header "measurement" "value" "ratio" "target"
+md_row "bytes uploaded per 1% turn (no server-side copy yet)" "$(human "$OBJECT")" "1.00 of the object" "≤ 0.15"
+md_row "mount cache after reading all $((BENCH_TURNS + 1)) turns" "$(human "$CACHE_BYTES")" \
+    "**$(ratio "$CACHE_BYTES" "$TREE_BYTES")** × one turn unpacked" "≤ 1.5"
+cp_v="$(mbps "$TREE_BYTES" "$(med copy_s)")"; loc_v="$(mbps "$TREE_BYTES" "$(med local_copy_s)")"
+md_row "\`cp -a MNT/<sha256>/. MNT/staging/NAME/\` (MiB/s)" "$cp_v" "**$(ratio "$cp_v" "$loc_v")** of local" "≥ 1"
+md_row "\`cp -a TREE/. LOCALDIR/\`, same disk (MiB/s)" "$loc_v" "1.00" ""
