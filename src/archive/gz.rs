@@ -54,7 +54,7 @@ pub struct ParallelGzWriter<W: Write> {
     after_large: bool,
 }
 
-fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
+pub(super) fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
     let mut encoder = GzBuilder::new().mtime(0).operating_system(3).write(
         Vec::with_capacity(data.len() / 2 + 64),
         Compression::default(),

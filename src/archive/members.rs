@@ -2,29 +2,44 @@
 //! compresses only what it has not compressed before (see [`super::gz`], whose member
 //! cuts do not move when the tree changes elsewhere).
 //!
-//! Layout: `DIR/v1/<sha256 of the member's uncompressed bytes>`, each file one gzip
-//! member exactly as [`super::gz`] writes it. `v1` names the encoder (flate2 with
-//! zlib-rs, level 6, header mtime 0, OS Unix): another encoder would give other bytes,
-//! and so other digests, for the same tree.
+//! Layout: `DIR/<encoder>/<sha256 of the member's uncompressed bytes>`, each file one
+//! gzip member exactly as [`super::gz`] writes it. `<encoder>` names the compressor by
+//! what it produces (`v1-` and a hash of the member it makes of a fixed probe): a
+//! flate2 or zlib-rs update that compresses differently starts a directory of its
+//! own instead of mixing two encodings, which would give one tree two digests.
 //!
 //! Invariants:
 //! - a member is used only after it was inflated and found equal, byte for byte, to
-//!   the data it stands for: a damaged or planted file is deleted and the data
-//!   compressed again, so the cache can change how fast a capture is, never what it
-//!   holds;
+//!   the data it stands for, with exactly the gzip header [`super::gz`] writes: a
+//!   damaged or planted file is deleted and the data compressed again, so the cache
+//!   changes how fast a capture is, never what it writes;
+//! - everything is done through descriptors of directories checked once to be real
+//!   directories of the daemon's user, not writable by others: no symlink or rename
+//!   in the path can point a lookup, a write or a removal anywhere else, and only
+//!   regular files of that user are read (a FIFO planted there cannot block);
 //! - files appear by an atomic rename, so that captures running at once (a mount's
 //!   seals, `put`) can share the directory;
-//! - [`MemberCache::trim`] keeps the total under the configured size, removing the
-//!   members used least recently first (each use sets the file's mtime).
+//! - the bytes on disk stay near the configured size: members smaller than
+//!   [`MIN_KEPT`] are not kept (compressing them again is cheap, and their count would
+//!   cost inodes), disk blocks are what is counted, and [`MemberCache::trim`] runs
+//!   whenever a capture has kept half the limit since the last trim, and at the end of
+//!   every capture, also one that failed.
 
-use std::fs::{self, DirBuilder};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
+
+/// Compressed members smaller than this are not kept.
+pub const MIN_KEPT: usize = 4 << 10;
 
 /// Counts of one capture, or of a mount's life.
 #[derive(Debug, Default)]
@@ -40,25 +55,76 @@ pub struct MemberStats {
 }
 
 pub struct MemberCache {
-    dir: PathBuf,
+    /// The encoder's directory.
+    dir: OwnedFd,
+    /// The gzip header every member of this encoder starts with.
+    header: [u8; 10],
     limit: u64,
+    /// Bytes kept since the last trim.
+    kept: AtomicU64,
+    /// One trim at a time.
+    trimming: Mutex<()>,
     pub stats: MemberStats,
 }
 
+fn os(e: rustix::io::Errno) -> io::Error {
+    e.into()
+}
+
+/// Opens (making it, 0700) the directory `name` of `parent` without following a
+/// symlink, and checks that it belongs to this user and nobody else can write in it.
+fn private_dir_at(parent: impl AsFd, name: &str) -> io::Result<OwnedFd> {
+    match rfs::mkdirat(&parent, name, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(os(e)),
+    }
+    let dir = crate::beneath::open_dir(&parent, OsStr::new(name))?;
+    check_private(&dir, name)?;
+    Ok(dir)
+}
+
+fn check_private(fd: impl AsFd, what: &str) -> io::Result<()> {
+    let stat = rfs::fstat(fd).map_err(os)?;
+    if stat.st_uid != rustix::process::geteuid().as_raw() || stat.st_mode & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{what} belongs to another user or others may write in it"),
+        ));
+    }
+    Ok(())
+}
+
 impl MemberCache {
-    /// Opens (creating it 0700) the member cache under `dir`, bounded by `limit` bytes.
+    /// Opens (creating it) the member cache under `dir`, bounded by `limit` bytes of
+    /// disk. `dir` itself is the caller's (`CACHE_DIR/members`, whose parent was made
+    /// private); it is opened once, and everything below it by descriptor.
     pub fn open(dir: &Path, limit: u64) -> io::Result<MemberCache> {
-        let dir = dir.join("v1");
-        DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let name = dir
+            .file_name()
+            .and_then(OsStr::to_str)
+            .ok_or_else(|| io::Error::other("the member cache needs a directory name"))?;
+        let parent = rfs::open(
+            parent,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        check_private(&parent, "the cache directory")?;
+        let members = private_dir_at(&parent, name)?;
+        let probe = super::gz::compress_member(PROBE)?;
+        let encoder = format!("v1-{}", &hex::encode(Sha256::digest(&probe))[..16]);
+        let dir = private_dir_at(&members, &encoder)?;
+        let mut header = [0u8; 10];
+        header.copy_from_slice(&probe[..10]);
         Ok(MemberCache {
             dir,
+            header,
             limit,
+            kept: AtomicU64::new(0),
+            trimming: Mutex::new(()),
             stats: MemberStats::default(),
         })
-    }
-
-    fn path(&self, data: &[u8]) -> PathBuf {
-        self.dir.join(hex::encode(Sha256::digest(data)))
     }
 
     /// The compressed member for `data`, or compresses it with `compress` and keeps
@@ -68,8 +134,8 @@ impl MemberCache {
         data: &[u8],
         compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
     ) -> io::Result<Vec<u8>> {
-        let path = self.path(data);
-        if let Some(member) = self.lookup(&path, data) {
+        let name = hex::encode(Sha256::digest(data));
+        if let Some(member) = self.lookup(&name, data) {
             self.stats.reused.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .reused_bytes
@@ -78,83 +144,133 @@ impl MemberCache {
         }
         let member = compress(data)?;
         self.stats.compressed.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.keep(&path, &member) {
-            tracing::debug!(path = %path.display(), error = %e, "cannot keep a compressed member");
+        if member.len() >= MIN_KEPT
+            && let Err(e) = self.keep(&name, &member)
+        {
+            tracing::debug!(member = %name, error = %e, "cannot keep a compressed member");
         }
         Ok(member)
     }
 
-    fn lookup(&self, path: &Path, data: &[u8]) -> Option<Vec<u8>> {
-        let mut file = match fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-        {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::debug!(path = %path.display(), error = %e, "cannot read a cached member");
-                return None;
-            }
+    fn lookup(&self, name: &str, data: &[u8]) -> Option<Vec<u8>> {
+        // NONBLOCK: a FIFO planted under the name must not block the open.
+        let fd = match rfs::openat(
+            &self.dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return None,
+            Err(e) => return self.damaged(name, &format!("cannot open: {e}")),
         };
+        let stat = match rfs::fstat(&fd) {
+            Ok(stat) => stat,
+            Err(e) => return self.damaged(name, &format!("cannot stat: {e}")),
+        };
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+            || stat.st_uid != rustix::process::geteuid().as_raw()
+        {
+            return self.damaged(name, "not a regular file of this user");
+        }
+        let mut file = File::from(fd);
         let mut member = Vec::new();
         // A member is at most its data plus deflate's worst case and the gzip framing.
         let most = data.len() as u64 + data.len() as u64 / 1000 + 1024;
         if (&mut file).take(most + 1).read_to_end(&mut member).is_err()
             || member.len() as u64 > most
+            || !member.starts_with(&self.header)
             || !inflates_to(&member, data)
         {
-            self.stats.damaged.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(path = %path.display(), "a cached gzip member is damaged; compressing again");
-            let _ = fs::remove_file(path);
-            return None;
+            return self.damaged(name, "does not inflate to its data");
         }
         // Least recently used goes first in `trim`.
         let _ = file.set_modified(SystemTime::now());
         Some(member)
     }
 
-    fn keep(&self, path: &Path, member: &[u8]) -> io::Result<()> {
-        let mut temp = tempfile::Builder::new()
-            .prefix(".partial-")
-            .tempfile_in(&self.dir)?;
-        temp.write_all(member)?;
-        temp.persist(path).map_err(|e| e.error)?;
+    /// Counts and removes a cached member that cannot be used.
+    fn damaged<T>(&self, name: &str, why: &str) -> Option<T> {
+        self.stats.damaged.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(member = %name, why, "a cached gzip member is damaged; compressing again");
+        let _ = rfs::unlinkat(&self.dir, name, AtFlags::empty());
+        None
+    }
+
+    fn keep(&self, name: &str, member: &[u8]) -> io::Result<()> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let temp = format!(
+            ".partial-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let fd = rfs::openat(
+            &self.dir,
+            temp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(os)?;
+        let written = File::from(fd).write_all(member);
+        let renamed = written
+            .and_then(|()| rfs::renameat(&self.dir, temp.as_str(), &self.dir, name).map_err(os));
+        if renamed.is_err() {
+            let _ = rfs::unlinkat(&self.dir, temp.as_str(), AtFlags::empty());
+        }
+        renamed?;
+        let kept = self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
+        if kept + member.len() as u64 > self.limit / 2 {
+            self.trim()?;
+        }
         Ok(())
     }
 
-    /// Removes the least recently used members until the total is within the limit.
+    /// Removes the least recently used members until their disk blocks are within
+    /// the limit. Only names this cache makes are touched; anything else is left.
     pub fn trim(&self) -> io::Result<()> {
+        let _one = self.trimming.lock().expect("trim lock");
+        self.kept.store(0, Ordering::Relaxed);
         let mut files = Vec::new();
         let mut total = 0u64;
-        for entry in fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() {
+        for (name, is_dir) in crate::beneath::list(&self.dir)? {
+            if is_dir || !is_member_name(&name) {
                 continue;
             }
-            total += meta.len();
-            files.push((
-                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                meta.len(),
-                entry.path(),
-            ));
+            let Ok(stat) = rfs::statat(
+                &self.dir,
+                OsStr::from_bytes(&name),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) else {
+                continue;
+            };
+            let bytes = stat.st_blocks as u64 * 512;
+            total += bytes;
+            files.push((stat.st_mtime, bytes, name));
         }
         if total <= self.limit {
             return Ok(());
         }
         files.sort();
-        for (_, len, path) in files {
+        for (_, bytes, name) in files {
             if total <= self.limit {
                 break;
             }
-            if fs::remove_file(&path).is_ok() {
-                total -= len;
+            if rfs::unlinkat(&self.dir, OsStr::from_bytes(&name), AtFlags::empty()).is_ok() {
+                total -= bytes;
             }
         }
         Ok(())
     }
 }
+
+/// A member's name (64 hex digits), or a partial one left by a killed capture.
+fn is_member_name(name: &[u8]) -> bool {
+    (name.len() == 64 && name.iter().all(u8::is_ascii_hexdigit)) || name.starts_with(b".partial-")
+}
+
+/// What the encoder is identified by: a member made of it.
+const PROBE: &[u8] = b"ckptfs member cache probe: the quick brown fox jumps over the lazy dog \
+    0123456789 0123456789 the quick brown fox jumps over the lazy dog";
 
 /// Whether `member` is one gzip member, with nothing after it, of exactly `data`.
 fn inflates_to(member: &[u8], data: &[u8]) -> bool {

@@ -107,6 +107,12 @@ pub fn write_archive_with_copy<W: Write>(
                 .and_then(|tee| tee.gz.finish())
                 .map_err(ArchiveError::io("compress archive"))
         });
+    // Also after a failure: the members it kept count against the cache's bound.
+    if let Some(members) = &options.members
+        && let Err(e) = members.trim()
+    {
+        tracing::warn!(error = %e, "cannot trim the member cache");
+    }
     let hashing = match result {
         Ok(hashing) => hashing,
         Err(e) => return Err(limit_error(e, options)),
@@ -118,11 +124,6 @@ pub fn write_archive_with_copy<W: Write>(
         ..
     } = hashing;
     inner.flush().map_err(ArchiveError::io("flush archive"))?;
-    if let Some(members) = &options.members
-        && let Err(e) = members.trim()
-    {
-        tracing::warn!(error = %e, "cannot trim the member cache");
-    }
     Ok(WrittenArchive {
         sha256: hex::encode(hasher.finalize()),
         size: written,
@@ -748,12 +749,31 @@ mod tests {
     /// same bytes, and damage is found and repaired.
     #[test]
     fn the_member_cache_reuses_members_and_never_changes_the_archive() {
-        use super::super::members::MemberCache;
+        use super::super::members::{MIN_KEPT, MemberCache};
+        use std::os::unix::fs::MetadataExt;
         use std::sync::Arc;
         use std::sync::atomic::Ordering::Relaxed;
         let tree = tempfile::tempdir().unwrap();
         workspace(tree.path());
         let cache_dir = tempfile::tempdir().unwrap();
+        let members_dir = cache_dir.path().join("members");
+        let open = |limit| Arc::new(MemberCache::open(&members_dir, limit).unwrap());
+        // The encoder's directory, and the members in it.
+        let encoder_dir = || {
+            fs::read_dir(&members_dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("v1-"))
+                .unwrap()
+        };
+        let cached = || -> Vec<PathBuf> {
+            let mut files: Vec<_> = fs::read_dir(encoder_dir())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            files.sort();
+            files
+        };
         let with = |members: Option<Arc<MemberCache>>| {
             let mut out = Vec::new();
             let options = WriterOptions {
@@ -764,39 +784,54 @@ mod tests {
             out
         };
         let plain = with(None);
-        let cold = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        let cold = open(u64::MAX);
         assert_eq!(with(Some(Arc::clone(&cold))), plain);
         let count = members(&plain).len() as u64;
         assert_eq!(cold.stats.compressed.load(Relaxed), count);
 
-        // One file changed: every other member comes from the cache.
+        // One file changed: every other member worth keeping comes from the cache.
         fs::write(tree.path().join("src/mod07/f11.rs"), "fn changed() {}\n").unwrap();
         let plain = with(None);
-        let warm = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        let kept = members(&plain)
+            .iter()
+            .filter(|m| m.len() >= MIN_KEPT)
+            .count() as u64;
+        let warm = open(u64::MAX);
         assert_eq!(with(Some(Arc::clone(&warm))), plain);
         let reused = warm.stats.reused.load(Relaxed);
         assert!(
-            reused + 2 >= count && reused < count,
-            "{reused} of {count} reused"
+            reused + 2 >= kept && reused < count,
+            "{reused} of {kept} reused"
         );
 
-        // Damage: a truncated member, garbage, and a valid member of other data, each
-        // under the name of a member this tree needs (a cache of this tree only).
-        let cache_dir = tempfile::tempdir().unwrap();
-        let only_this = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
-        assert_eq!(with(Some(only_this)), plain);
-        let files: Vec<_> = fs::read_dir(cache_dir.path().join("v1"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
+        // Damage, under the names of members this tree needs (a cache of this tree
+        // only): a truncated member, garbage, a valid member of other data, a FIFO
+        // (which must not block), and a symlink to a file outside.
+        fs::remove_dir_all(&members_dir).unwrap();
+        assert_eq!(with(Some(open(u64::MAX))), plain);
+        let files = cached();
+        assert!(files.len() >= 6, "{} members kept", files.len());
         let member = fs::read(&files[0]).unwrap();
         fs::write(&files[0], &member[..member.len() / 2]).unwrap();
         fs::write(&files[1], b"not gzip at all").unwrap();
         fs::write(&files[2], fs::read(&files[3]).unwrap()).unwrap();
-        let repaired = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        fs::remove_file(&files[4]).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &files[4],
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let outside = cache_dir.path().join("outside");
+        fs::write(&outside, fs::read(&files[5]).unwrap()).unwrap();
+        fs::remove_file(&files[5]).unwrap();
+        symlink(&outside, &files[5]).unwrap();
+        let repaired = open(u64::MAX);
         assert_eq!(with(Some(Arc::clone(&repaired))), plain);
-        assert!(repaired.stats.damaged.load(Relaxed) >= 3);
-        let again = Arc::new(MemberCache::open(cache_dir.path(), u64::MAX).unwrap());
+        assert!(repaired.stats.damaged.load(Relaxed) >= 5);
+        let again = open(u64::MAX);
         assert_eq!(with(Some(Arc::clone(&again))), plain);
         assert_eq!(
             again.stats.damaged.load(Relaxed),
@@ -804,13 +839,61 @@ mod tests {
             "damage was not repaired"
         );
 
-        // Bounded: the least recently used members go first.
-        let small = Arc::new(MemberCache::open(cache_dir.path(), 64 << 10).unwrap());
+        // Bounded by disk blocks: the least recently used members go first, and
+        // nothing but members is removed (not what a symlink in the cache points to).
+        symlink(&outside, encoder_dir().join("a".repeat(64))).unwrap();
+        let small = open(64 << 10);
         assert_eq!(with(Some(small)), plain);
-        let kept: u64 = fs::read_dir(cache_dir.path().join("v1"))
-            .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
+        let on_disk: u64 = cached()
+            .iter()
+            .map(|p| fs::symlink_metadata(p).unwrap())
+            .filter(|m| m.is_file())
+            .map(|m| m.blocks() * 512)
             .sum();
-        assert!(kept <= 64 << 10, "{kept} bytes kept");
+        assert!(on_disk <= 64 << 10, "{on_disk} bytes kept");
+        assert!(outside.exists(), "trim removed a file outside the cache");
+
+        // A member directory that is a symlink is refused, not followed.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let linked = cache_dir.path().join("linked");
+        symlink(elsewhere.path(), &linked).unwrap();
+        assert!(MemberCache::open(&linked, 1 << 20).is_err());
+    }
+
+    /// A capture that fails (here: over the archive limit) still trims what it kept.
+    #[test]
+    fn a_failed_capture_leaves_the_member_cache_within_its_bound() {
+        use super::super::members::MemberCache;
+        use std::os::unix::fs::MetadataExt;
+        let tree = tempfile::tempdir().unwrap();
+        workspace(tree.path());
+        let cache_dir = tempfile::tempdir().unwrap();
+        let members_dir = cache_dir.path().join("members");
+        for round in 0..3 {
+            fs::write(
+                tree.path().join("src/mod00/f00.rs"),
+                format!("round {round}\n"),
+            )
+            .unwrap();
+            let options = WriterOptions {
+                max_size: 100 << 10,
+                members: Some(std::sync::Arc::new(
+                    MemberCache::open(&members_dir, 256 << 10).unwrap(),
+                )),
+                ..options()
+            };
+            let err = archive_of(tree.path(), &mut Vec::new(), &options).unwrap_err();
+            assert!(matches!(err, ArchiveError::TooLarge { .. }), "{err}");
+        }
+        let mut on_disk = 0;
+        for dir in fs::read_dir(&members_dir).unwrap() {
+            for file in fs::read_dir(dir.unwrap().path()).unwrap() {
+                on_disk += file.unwrap().metadata().unwrap().blocks() * 512;
+            }
+        }
+        assert!(
+            on_disk <= 256 << 10,
+            "{on_disk} bytes kept after failed captures"
+        );
     }
 }

@@ -1001,7 +1001,14 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
     make_sample_tree(&src);
     for d in 0..8 {
         for f in 0..12 {
-            let text = format!("module {d} file {f}\n").repeat(1500 + d * 100 + f);
+            // Text that compresses about as source code does, so that every member
+            // is worth keeping in the cache.
+            let text: String = (0..2000 + d * 100 + f)
+                .map(|i| {
+                    let v = (i as u64 * 2_654_435_761) ^ (d * 31 + f) as u64;
+                    format!("let v{i} = {};\n", v % 1_000_003)
+                })
+                .collect();
             write_file(
                 &src.join(format!("pkg{d}/f{f:02}.txt")),
                 text.as_bytes(),

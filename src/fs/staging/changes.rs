@@ -17,8 +17,10 @@ use crate::beneath;
 use crate::fs::inode;
 use crate::fs::{Attr, CopySource, FsError, Opened};
 
-/// The most one `copy_file_range` request copies: its reply counts bytes in a `u32`.
-const MAX_COPY: u64 = 1 << 30;
+/// The most one `copy_file_range` request copies. Its reply could count up to 4 GiB,
+/// but a request holds off a seal's freeze (and with it every change waiting behind
+/// the freeze) while it runs; the kernel and `cp` ask again for the rest.
+const MAX_COPY: u64 = 64 << 20;
 
 impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
@@ -390,14 +392,19 @@ impl StagingTree {
         let mut to = offset;
         let mut copied = 0u64;
         while remaining > 0 {
-            let n = rustix::fs::copy_file_range(
+            let n = match rustix::fs::copy_file_range(
                 &source.file,
                 Some(&mut from),
                 file,
                 Some(&mut to),
                 remaining as usize,
-            )
-            .map_err(os)? as u64;
+            ) {
+                Ok(n) => n as u64,
+                // What was copied is in the file: say so, and let the next request
+                // meet the error (a full disk, a file too large).
+                Err(_) if copied > 0 => break,
+                Err(e) => return Err(os(e)),
+            };
             if n == 0 {
                 break; // the end of the source file
             }
