@@ -9,7 +9,7 @@ use std::process::Command;
 
 use ckptfs::cache::read_at;
 
-use super::sh;
+use super::{cp_a, sh};
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::sys::{assert_errno, c_path, libc_result};
 use crate::util::tree::{assert_same_tree, make_sample_tree, random_bytes};
@@ -59,11 +59,7 @@ fn a_workspace_larger_than_the_open_file_limit_fills_staging() {
     }
     let staged = mount.staged("many");
     fs::create_dir(&staged).unwrap();
-    run(Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", src.display()))
-        .arg(&staged))
-    .success();
+    cp_a(&src.join("."), &staged);
     assert_same_tree(&src, &staged);
     fs::rename(&staged, mount.committed("many"))
         .unwrap_or_else(|e| panic!("seal 1,000 files: {e}\n{}", mount.log_excerpt()));
@@ -625,11 +621,7 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
     let before = requests(&mount.status_text(), "copy_file_range");
     let staged = mount.staged("turn-2");
     fs::create_dir(&staged).unwrap();
-    run(Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", checkpoint.display()))
-        .arg(&staged))
-    .success();
+    cp_a(&checkpoint.join("."), &staged);
     assert_same_tree(&src, &staged);
     let status = mount.status_text();
     let copies = requests(&status, "copy_file_range") - before;
@@ -678,11 +670,7 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
     // come from the member cache the first seal filled.
     let staged = mount.staged("turn-3");
     fs::create_dir(&staged).unwrap();
-    run(Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", checkpoint.display()))
-        .arg(&staged))
-    .success();
+    cp_a(&checkpoint.join("."), &staged);
     fs::write(staged.join("hello.py"), "print('turn 3')\n").unwrap();
     fs::rename(&staged, mount.committed("turn-3"))
         .unwrap_or_else(|e| panic!("seal turn 3: {e}\n{}", mount.log_excerpt()));
