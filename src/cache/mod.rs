@@ -7,6 +7,8 @@
 //! checkpoints/partial-*      a pass in progress; removed at start-up
 //! checkpoints/trash-*        an evicted entry being deleted; removed at start-up
 //! lock                       flock: one daemon per cache directory
+//! members/                   compressed gzip members of captures (not this module's:
+//!                            see `crate::archive::members`; shared with `put`)
 //! ```
 //!
 //! Invariants:
