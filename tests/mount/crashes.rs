@@ -86,15 +86,24 @@ fn s3_kill_during_a_verification_pass() {
         move || fs::read_dir(path).map(|d| d.count())
     });
     assert!(proxy.wait_held(MOUNT_TIMEOUT), "the download never started");
-    let partial = fs::read_dir(dead.cache_dir().join("checkpoints"))
-        .unwrap()
-        .any(|e| {
-            e.unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with("partial-")
-        });
-    assert!(partial, "the pass was not under way");
+    // The proxy may hold before the daemon has made its entry: the first bytes can sit
+    // in the socket's buffer while the daemon is still starting the pass. Held, the
+    // download cannot finish, so the entry in progress must appear.
+    let partial = || {
+        fs::read_dir(dead.cache_dir().join("checkpoints"))
+            .unwrap()
+            .any(|e| {
+                e.unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("partial-")
+            })
+    };
+    let deadline = std::time::Instant::now() + MOUNT_TIMEOUT;
+    while !partial() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(partial(), "the pass was not under way");
     kill9(&dead);
     proxy.open();
     assert!(
