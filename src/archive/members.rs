@@ -54,6 +54,18 @@ pub struct MemberStats {
     pub damaged: AtomicU64,
 }
 
+impl MemberStats {
+    /// (reused, compressed, reused_bytes), for logs.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        (
+            load(&self.reused),
+            load(&self.compressed),
+            load(&self.reused_bytes),
+        )
+    }
+}
+
 pub struct MemberCache {
     /// The encoder's directory.
     dir: OwnedFd,

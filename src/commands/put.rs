@@ -47,12 +47,11 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     .with_context(|| format!("cannot capture {}", args.dir.display()))?;
     upload.finish_and_clear();
     if let Some(members) = &members {
-        let stats = &members.stats;
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        let (reused, compressed, reused_bytes) = members.stats.counts();
         tracing::info!(
-            reused = load(&stats.reused),
-            compressed = load(&stats.compressed),
-            reused_bytes = load(&stats.reused_bytes),
+            reused,
+            compressed,
+            reused_bytes,
             "gzip members: reused from earlier captures, and compressed"
         );
     }

@@ -92,6 +92,11 @@ impl Checkpoints {
     /// Reads file `ino` without a handle (a read-only mount answers no opens): its
     /// checkpoint is loaded (the kernel looked the file up first), and a large file's
     /// own cache file is kept open for the next reads.
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+        let handles = self.handles.lock().expect("handles lock");
+        handles.get(&fh).cloned().ok_or(FsError::BadHandle)
+    }
+
     pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let (_, node, checkpoint) = self.node(ino)?;
         let NodeKind::File {
@@ -319,8 +324,7 @@ impl Subtree for Checkpoints {
     }
 
     fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
-        match handle.as_deref().ok_or(FsError::BadHandle)? {
+        match &*self.handle(fh)? {
             Handle::Own { file, .. } => {
                 crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
             }
@@ -338,8 +342,8 @@ impl Subtree for Checkpoints {
     }
 
     fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
-        let handle = self.handles.lock().expect("handles lock").get(&fh).cloned();
-        let (file, start, size) = match handle.as_deref().ok_or(FsError::BadHandle)? {
+        let handle = self.handle(fh)?;
+        let (file, start, size) = match &*handle {
             Handle::Own { file, .. } => (file, 0, u64::MAX),
             Handle::Packed {
                 checkpoint,

@@ -22,7 +22,6 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -216,10 +215,8 @@ impl Sealer {
                 seals.succeeded += 1;
                 seals.sealed.push((commit_name.to_vec(), id.clone()));
                 // Over the mount's life: how much the member cache saved.
-                let (reused, compressed) = self.config.members.as_ref().map_or((0, 0), |m| {
-                    let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
-                    (load(&m.stats.reused), load(&m.stats.compressed))
-                });
+                let (reused, compressed, _) =
+                    (self.config.members.as_ref()).map_or((0, 0, 0), |m| m.stats.counts());
                 tracing::info!(
                     workspace = %shown,
                     checkpoint = %id,

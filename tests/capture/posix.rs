@@ -679,15 +679,7 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
         .lines()
         .rfind(|l| l.contains("sealed"))
         .unwrap_or_default();
-    let reused: u64 = sealed
-        .split_once("members_reused=")
-        .map(|(_, rest)| {
-            rest.chars()
-                .take_while(char::is_ascii_digit)
-                .collect::<String>()
-        })
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no members_reused in the seal's log line: {sealed}"));
+    let reused = crate::util::logged_count(sealed, "members_reused");
     assert!(reused >= 1, "turn 3 reused no member: {sealed}");
 }
 

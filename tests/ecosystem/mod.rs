@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::util::mount::repo_temp_dir;
-use crate::util::{Output, ckptfs, run};
+use crate::util::{Output, ckptfs, run, sha256_hex};
 
 /// The test binary.
 fn binary() -> &'static str {
@@ -196,17 +196,11 @@ fn tree_of(root: &Path) -> BTreeMap<PathBuf, String> {
                 stack.push(path);
             } else {
                 let bytes = fs::read(&path).unwrap();
-                out.insert(rel, format!("{} bytes {:x}", bytes.len(), crc(&bytes)));
+                out.insert(rel, format!("{} bytes {}", bytes.len(), sha256_hex(&bytes)));
             }
         }
     }
     out
-}
-
-fn crc(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 #[test]

@@ -20,7 +20,7 @@ use crate::util::tree::{
     write_file,
 };
 use crate::util::{
-    TestStore, ckptfs, describe, is_sha256_hex, parse_put_output, parse_rfc3339_utc,
+    TestStore, ckptfs, describe, is_sha256_hex, logged_count, parse_put_output, parse_rfc3339_utc,
     parse_verify_output, py_script, python, run, s3_endpoint, sha256_hex, temp_dir, unix_now,
     wait_output,
 };
@@ -977,19 +977,6 @@ fn s3_bucket_root_store_with_endpoint_flag() {
     let dest = work.path().join("dest");
     run(with_flag("get").arg(&sha[..10]).arg(&dest)).success();
     assert_same_tree(&src, &dest);
-}
-
-/// `N` in `KEY=N` of a log line.
-fn logged_count(text: &str, key: &str) -> u64 {
-    let at = text
-        .find(&format!(" {key}="))
-        .unwrap_or_else(|| panic!("no {key}= in: {text}"));
-    text[at + key.len() + 2..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
 }
 
 /// A second capture after a small change takes every unchanged gzip member from the

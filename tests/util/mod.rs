@@ -242,6 +242,19 @@ pub fn is_sha256_hex(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// `N` in `KEY=N` of a log line.
+pub fn logged_count(text: &str, key: &str) -> u64 {
+    let at = text
+        .find(&format!(" {key}="))
+        .unwrap_or_else(|| panic!("no {key}= in: {text}"));
+    text[at + key.len() + 2..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
 /// A name unique within this test run: `PREFIX-<pid>-<counter>-<time>`.
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
