@@ -12,7 +12,7 @@
 //! are written with every object and checked when present; an object without them
 //! (put there by another tool) is still verified by its bytes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -21,6 +21,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use crate::archive::members::MemberCache;
 use crate::archive::writer::{self, WriterOptions};
 use crate::archive::{self, ArchiveError, Limits};
 use crate::store::{ObjectInfo, ObjectStore, Progress, PutMode, PutOutcome, StoreError};
@@ -350,6 +351,8 @@ pub struct PutReport {
     pub id: CheckpointId,
     pub size: u64,
     pub outcome: StoreOutcome,
+    /// Bytes the store copied from checkpoints it held instead of receiving them.
+    pub copied: u64,
 }
 
 /// How a checkpoint came to be in the store, good.
@@ -402,7 +405,13 @@ pub fn put(
         bytes = written.size,
         "archived; storing"
     );
-    let report = store_archive(store, archive.path(), &written, progress)?;
+    let report = store_archive(
+        store,
+        archive.path(),
+        &written,
+        options.members.as_deref(),
+        progress,
+    )?;
     tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored");
     Ok(report)
 }
@@ -460,17 +469,28 @@ pub fn write_archive_file(
 /// has an object of that name, the object is downloaded and verified first: only a
 /// good copy counts as "already present" (callers may then discard the only other
 /// copy of the tree, a staged workspace). A damaged or planted one is replaced.
+///
+/// With `members`, the ranges of the archive that objects stored before hold too (by
+/// their recorded layouts) are offered to the store to copy, and the new object's
+/// layout is recorded once the store holds it, good.
 pub fn store_archive(
     store: &dyn ObjectStore,
     path: &Path,
     written: &writer::WrittenArchive,
+    members: Option<&MemberCache>,
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
     let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
     let name = id.object_name();
     let metadata = encode_metadata(&id, written.size);
-    let stored = !store.exists(&name)?
-        && store.put(&name, path, &metadata, PutMode::IfAbsent, progress)? == PutOutcome::Stored;
+    let mut copied = 0;
+    let stored = !store.exists(&name)? && {
+        let reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
+        let stored =
+            store.put_reusing(&name, path, &metadata, PutMode::IfAbsent, &reuse, progress)?;
+        copied = stored.copied;
+        stored.outcome == PutOutcome::Stored
+    };
     // Otherwise it was there, or a concurrent writer just stored it: only a good copy
     // counts.
     let outcome = if stored {
@@ -488,11 +508,34 @@ pub fn store_archive(
             Err(e) => return Err(e),
         }
     };
+    if let Some(members) = members
+        && let Err(e) = members.record_layout(&name, &written.members)
+    {
+        tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
+    }
     Ok(PutReport {
         id,
         size: written.size,
         outcome,
+        copied,
     })
+}
+
+/// The ranges of `written` that objects the store still has hold too, by the layouts
+/// `members` recorded (the store checks each range it copies).
+fn reusable(
+    store: &dyn ObjectStore,
+    members: &MemberCache,
+    written: &writer::WrittenArchive,
+) -> Vec<crate::store::Reuse> {
+    let mut reuse = members.reuse(&written.members);
+    let mut present: HashMap<String, bool> = HashMap::new();
+    reuse.retain(|r| {
+        *present
+            .entry(r.source.clone())
+            .or_insert_with(|| store.exists(&r.source).unwrap_or(false))
+    });
+    reuse
 }
 
 pub struct GetOptions<'a> {

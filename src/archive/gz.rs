@@ -27,8 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use flate2::{Compression, GzBuilder};
+use sha2::{Digest, Sha256};
 
-use super::members::MemberCache;
+use super::members::{MemberCache, MemberSpan};
 
 /// The most uncompressed bytes in one gzip member. Changing any of these constants,
 /// or the path hash, changes the digests of new captures.
@@ -40,14 +41,19 @@ pub const MIN_MEMBER: usize = 64 << 10;
 /// One path in `GROUP` starts a new group of small entries.
 pub const GROUP: u64 = 16;
 
-type Job = (Vec<u8>, SyncSender<io::Result<Vec<u8>>>);
+/// A compressed member, with the SHA-256 of its bytes when capture records layouts.
+type Compressed = (Vec<u8>, Option<[u8; 32]>);
+type Job = (Vec<u8>, SyncSender<io::Result<Compressed>>);
 
 pub struct ParallelGzWriter<W: Write> {
     /// `None` only after `finish` handed it back.
     out: Option<W>,
     buffer: Vec<u8>,
     jobs: Option<SyncSender<Job>>,
-    pending: VecDeque<Receiver<io::Result<Vec<u8>>>>,
+    pending: VecDeque<Receiver<io::Result<Compressed>>>,
+    /// The members written so far, recorded with a member cache only.
+    spans: Vec<MemberSpan>,
+    record_spans: bool,
     workers: Vec<JoinHandle<()>>,
     max_pending: usize,
     /// The entry written last was large: the next one starts a member.
@@ -81,9 +87,16 @@ impl<W: Write> ParallelGzWriter<W> {
                             // The lock is held only while waiting for the next job.
                             let job = job_rx.lock().map(|rx| rx.recv());
                             let Ok(Ok((data, reply))) = job else { return };
+                            // The digest names the member in layouts (server-side copy);
+                            // hashed here, on the worker, rather than in order.
                             let member = match &members {
-                                Some(cache) => cache.get_or_compress(&data, compress_member),
-                                None => compress_member(&data),
+                                Some(cache) => {
+                                    cache.get_or_compress(&data, compress_member).map(|m| {
+                                        let digest = Sha256::digest(&m).into();
+                                        (m, Some(digest))
+                                    })
+                                }
+                                None => compress_member(&data).map(|m| (m, None)),
                             };
                             let _ = reply.send(member);
                         }
@@ -96,6 +109,8 @@ impl<W: Write> ParallelGzWriter<W> {
             buffer: Vec::with_capacity(CHUNK_SIZE),
             jobs: Some(job_tx),
             pending: VecDeque::new(),
+            spans: Vec::new(),
+            record_spans: members.is_some(),
             workers,
             max_pending: threads * 2,
             after_large: false,
@@ -117,10 +132,16 @@ impl<W: Write> ParallelGzWriter<W> {
 
     fn write_oldest(&mut self) -> io::Result<()> {
         if let Some(result) = self.pending.pop_front() {
-            let member = result
+            let (member, digest) = result
                 .recv()
                 .map_err(|_| io::Error::other("a gzip worker thread died"))??;
             self.out_mut().write_all(&member)?;
+            if let Some(digest) = digest {
+                self.spans.push(MemberSpan {
+                    digest,
+                    length: member.len() as u64,
+                });
+            }
         }
         Ok(())
     }
@@ -143,18 +164,27 @@ impl<W: Write> ParallelGzWriter<W> {
         Ok(())
     }
 
-    /// Compresses what is buffered, writes every member, and returns the output.
-    pub fn finish(mut self) -> io::Result<W> {
+    /// Compresses what is buffered, writes every member, and returns the output and,
+    /// with a member cache, the members in order (else none).
+    pub fn finish(mut self) -> io::Result<(W, Vec<MemberSpan>)> {
         if self.buffer.is_empty() && self.pending.is_empty() {
             // An empty input still has to be a valid gzip file.
-            self.out_mut().write_all(&compress_member(&[])?)?;
+            let member = compress_member(&[])?;
+            self.out_mut().write_all(&member)?;
+            if self.record_spans {
+                self.spans.push(MemberSpan {
+                    digest: Sha256::digest(&member).into(),
+                    length: member.len() as u64,
+                });
+            }
         }
         self.submit_buffer()?;
         while !self.pending.is_empty() {
             self.write_oldest()?;
         }
         self.shutdown();
-        Ok(self.out.take().expect("output present until finish"))
+        let out = self.out.take().expect("output present until finish");
+        Ok((out, std::mem::take(&mut self.spans)))
     }
 
     fn out_mut(&mut self) -> &mut W {
@@ -201,7 +231,7 @@ mod tests {
         for piece in data.chunks(7777) {
             w.write_all(piece).unwrap();
         }
-        w.finish().unwrap()
+        w.finish().unwrap().0
     }
 
     #[test]

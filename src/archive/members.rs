@@ -24,7 +24,16 @@
 //!   cost inodes), disk blocks are what is counted, and [`MemberCache::trim`] runs
 //!   whenever a capture has kept half the limit since the last trim, and at the end of
 //!   every capture, also one that failed.
+//!
+//! `DIR/<encoder>/layouts/<object>` records which members (by the SHA-256 of their
+//! compressed bytes) an object stored by a capture here is made of, for the last
+//! [`LAYOUTS_KEPT`] objects: where a new archive's members sit in an object the store
+//! already holds, the store can copy them instead of receiving them
+//! ([`MemberCache::reuse`]). A layout is only a hint: the store checks every copied
+//! range against the new archive's own bytes, so a stale or planted layout costs a
+//! fallback to a full upload, never a wrong object.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -40,6 +49,24 @@ use sha2::{Digest, Sha256};
 
 /// Compressed members smaller than this are not kept.
 pub const MIN_KEPT: usize = 4 << 10;
+/// Layouts kept: those of the objects stored last, whose ranges a new capture may
+/// copy in the store.
+pub const LAYOUTS_KEPT: usize = 8;
+/// The first line of a layout file; then one record per member: the SHA-256 of its
+/// compressed bytes and their length (little-endian u64).
+const LAYOUT_MAGIC: &[u8] = b"ckptfs layout v1\n";
+const LAYOUT_RECORD: usize = 40;
+/// A layout larger than this is not read (an archive of a GiB has some thousands of
+/// members).
+const MAX_LAYOUT: u64 = 16 << 20;
+
+/// One gzip member of an archive: the SHA-256 of its compressed bytes, and how many
+/// there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberSpan {
+    pub digest: [u8; 32],
+    pub length: u64,
+}
 
 /// Counts of one capture, or of a mount's life.
 #[derive(Debug, Default)]
@@ -210,26 +237,7 @@ impl MemberCache {
     }
 
     fn keep(&self, name: &str, member: &[u8]) -> io::Result<()> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let temp = format!(
-            ".partial-{name}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let fd = rfs::openat(
-            &self.dir,
-            temp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(os)?;
-        let written = File::from(fd).write_all(member);
-        let renamed = written
-            .and_then(|()| rfs::renameat(&self.dir, temp.as_str(), &self.dir, name).map_err(os));
-        if renamed.is_err() {
-            let _ = rfs::unlinkat(&self.dir, temp.as_str(), AtFlags::empty());
-        }
-        renamed?;
+        write_atomically(&self.dir, name, member)?;
         let kept = self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
         if kept + member.len() as u64 > self.limit / 2 {
             self.trim()?;
@@ -275,6 +283,173 @@ impl MemberCache {
     }
 }
 
+impl MemberCache {
+    /// Records that the store holds `object` (`<sha256>.tar.gz`), made of `members`,
+    /// and forgets the oldest layouts beyond [`LAYOUTS_KEPT`].
+    pub fn record_layout(&self, object: &str, members: &[MemberSpan]) -> io::Result<()> {
+        if !is_object_name(object.as_bytes()) || members.is_empty() {
+            return Ok(());
+        }
+        let dir = private_dir_at(&self.dir, "layouts")?;
+        let mut bytes = Vec::with_capacity(LAYOUT_MAGIC.len() + members.len() * LAYOUT_RECORD);
+        bytes.extend_from_slice(LAYOUT_MAGIC);
+        for member in members {
+            bytes.extend_from_slice(&member.digest);
+            bytes.extend_from_slice(&member.length.to_le_bytes());
+        }
+        write_atomically(&dir, object, &bytes)?;
+        for name in layout_files(&dir)?.into_iter().skip(LAYOUTS_KEPT) {
+            let _ = rfs::unlinkat(&dir, OsStr::from_bytes(&name), AtFlags::empty());
+        }
+        Ok(())
+    }
+
+    /// The ranges of an archive made of `members` that objects recorded here hold
+    /// too, byte for byte if their layouts are right: runs of consecutive members,
+    /// each found at consecutive offsets of one object (the newest that has it).
+    /// Unreadable or malformed layouts are skipped.
+    pub fn reuse(&self, members: &[MemberSpan]) -> Vec<crate::store::Reuse> {
+        let Ok(dir) = private_dir_at(&self.dir, "layouts") else {
+            return Vec::new();
+        };
+        let mut sources = Vec::new();
+        let mut found: HashMap<[u8; 32], Vec<(usize, u64)>> = HashMap::new();
+        for name in layout_files(&dir).unwrap_or_default() {
+            let Some(layout) = read_layout(&dir, &name) else {
+                tracing::debug!(layout = %String::from_utf8_lossy(&name), "skipping an unreadable layout");
+                continue;
+            };
+            let source = sources.len();
+            sources.push(String::from_utf8_lossy(&name).into_owned());
+            let mut offset = 0u64;
+            for member in layout {
+                let places = found.entry(member.digest).or_default();
+                if places.last().is_none_or(|&(s, _)| s != source) {
+                    places.push((source, offset));
+                }
+                offset = offset.saturating_add(member.length);
+            }
+        }
+        let mut runs: Vec<crate::store::Reuse> = Vec::new();
+        let mut offset = 0u64;
+        // The source and offset where the member after the last one found would be.
+        let mut next: Option<(usize, u64)> = None;
+        for member in members {
+            let places = found.get(&member.digest).map(Vec::as_slice).unwrap_or(&[]);
+            let place = places
+                .iter()
+                .find(|&&place| Some(place) == next)
+                .or(places.first())
+                .copied();
+            match place {
+                Some((source, source_offset)) => {
+                    match runs.last_mut() {
+                        Some(run) if next == Some((source, source_offset)) => {
+                            run.length += member.length
+                        }
+                        _ => runs.push(crate::store::Reuse {
+                            offset,
+                            length: member.length,
+                            source: sources[source].clone(),
+                            source_offset,
+                        }),
+                    }
+                    next = Some((source, source_offset + member.length));
+                }
+                None => next = None,
+            }
+            offset += member.length;
+        }
+        runs
+    }
+}
+
+/// Writes `name` in `dir` whole or not at all.
+fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let temp = format!(
+        ".partial-{name}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let fd = rfs::openat(
+        dir,
+        temp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(os)?;
+    let written = File::from(fd).write_all(bytes);
+    let renamed = written.and_then(|()| rfs::renameat(dir, temp.as_str(), dir, name).map_err(os));
+    if renamed.is_err() {
+        let _ = rfs::unlinkat(dir, temp.as_str(), AtFlags::empty());
+    }
+    renamed
+}
+
+/// The layout files of `dir`, newest first (with partial ones left by a kill, which
+/// sort last and are removed as the oldest).
+fn layout_files(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    let mut files = Vec::new();
+    for (name, is_dir) in crate::beneath::list(dir)? {
+        if is_dir || !(is_object_name(&name) || name.starts_with(b".partial-")) {
+            continue;
+        }
+        let mtime = match rfs::statat(dir, OsStr::from_bytes(&name), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) if !name.starts_with(b".partial-") => (stat.st_mtime, stat.st_mtime_nsec),
+            Ok(_) => (i64::MIN, 0),
+            Err(_) => continue,
+        };
+        files.push((mtime, name));
+    }
+    files.sort_by(|a, b| b.cmp(a));
+    Ok(files.into_iter().map(|(_, name)| name).collect())
+}
+
+/// A layout, if `name` is a regular file of this user that holds a well-formed one.
+fn read_layout(dir: &OwnedFd, name: &[u8]) -> Option<Vec<MemberSpan>> {
+    if !is_object_name(name) {
+        return None;
+    }
+    let fd = rfs::openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = rfs::fstat(&fd).ok()?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+        || stat.st_uid != rustix::process::geteuid().as_raw()
+    {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    File::from(fd)
+        .take(MAX_LAYOUT + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let records = bytes.strip_prefix(LAYOUT_MAGIC)?;
+    if bytes.len() as u64 > MAX_LAYOUT || records.len() % LAYOUT_RECORD != 0 {
+        return None;
+    }
+    Some(
+        records
+            .chunks_exact(LAYOUT_RECORD)
+            .map(|r| MemberSpan {
+                digest: r[..32].try_into().expect("32 bytes"),
+                length: u64::from_le_bytes(r[32..].try_into().expect("8 bytes")),
+            })
+            .collect(),
+    )
+}
+
+/// `<64 hex digits>.tar.gz`, the names of checkpoint objects.
+fn is_object_name(name: &[u8]) -> bool {
+    name.strip_suffix(b".tar.gz")
+        .is_some_and(|hex| hex.len() == 64 && hex.iter().all(u8::is_ascii_hexdigit))
+}
+
 /// A member's name (64 hex digits), or a partial one left by a killed capture.
 fn is_member_name(name: &[u8]) -> bool {
     (name.len() == 64 && name.iter().all(u8::is_ascii_hexdigit)) || name.starts_with(b".partial-")
@@ -302,4 +477,90 @@ fn inflates_to(member: &[u8], data: &[u8]) -> bool {
         }
     }
     expected.is_empty() && decoder.into_inner().is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(n: u8, length: u64) -> MemberSpan {
+        MemberSpan {
+            digest: [n; 32],
+            length,
+        }
+    }
+
+    fn object(n: u8) -> String {
+        format!("{}.tar.gz", hex::encode([n; 32]))
+    }
+
+    fn cache() -> (tempfile::TempDir, MemberCache) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let cache = MemberCache::open(&dir.path().join("members"), 1 << 30).unwrap();
+        (dir, cache)
+    }
+
+    #[test]
+    fn reuse_finds_runs_and_keeps_to_one_source_while_it_continues() {
+        let (_dir, cache) = cache();
+        // Recorded first (older): object 1 = a b c d; then object 2 = e b c.
+        cache
+            .record_layout(
+                &object(1),
+                &[span(1, 10), span(2, 20), span(3, 30), span(4, 40)],
+            )
+            .unwrap();
+        cache
+            .record_layout(&object(2), &[span(5, 50), span(2, 20), span(3, 30)])
+            .unwrap();
+        // New archive: a b c x d.
+        let runs = cache.reuse(&[
+            span(1, 10),
+            span(2, 20),
+            span(3, 30),
+            span(9, 5),
+            span(4, 40),
+        ]);
+        let got: Vec<_> = runs
+            .iter()
+            .map(|r| (r.offset, r.length, r.source.clone(), r.source_offset))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, 60, object(1), 0), (65, 40, object(1), 60)],
+            "b and c continue a's run in object 1, although object 2 is newer"
+        );
+        // b c alone: the newest object that has them.
+        let runs = cache.reuse(&[span(2, 20), span(3, 30)]);
+        assert_eq!(
+            (runs.len(), runs[0].source.as_str()),
+            (1, object(2).as_str())
+        );
+    }
+
+    #[test]
+    fn bad_layouts_are_skipped_and_old_ones_forgotten() {
+        let (dir, cache) = cache();
+        cache.record_layout(&object(1), &[span(1, 10)]).unwrap();
+        let layouts = std::fs::read_dir(dir.path().join("members"))
+            .unwrap()
+            .map(|e| e.unwrap().path().join("layouts"))
+            .find(|p| p.is_dir())
+            .unwrap();
+        // Truncated, and a symlink under an object's name: neither is read.
+        std::fs::write(layouts.join(object(2)), b"ckptfs layout v1\n12345").unwrap();
+        std::os::unix::fs::symlink(layouts.join(object(1)), layouts.join(object(3))).unwrap();
+        let runs = cache.reuse(&[span(1, 10)]);
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].source, object(1));
+        for n in 10..10 + LAYOUTS_KEPT as u8 + 3 {
+            cache.record_layout(&object(n), &[span(n, 1)]).unwrap();
+        }
+        assert!(std::fs::read_dir(&layouts).unwrap().count() <= LAYOUTS_KEPT);
+    }
 }

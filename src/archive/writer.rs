@@ -57,6 +57,9 @@ pub struct WriterOptions {
 pub struct WrittenArchive {
     pub sha256: String,
     pub size: u64,
+    /// Its gzip members in order, when written with a member cache (else empty): what
+    /// a later capture looks for to copy ranges in the store instead of sending them.
+    pub members: Vec<super::members::MemberSpan>,
 }
 
 /// Archives the tree under the directory `root` into `out`.
@@ -113,8 +116,8 @@ pub fn write_archive_with_copy<W: Write>(
     {
         tracing::warn!(error = %e, "cannot trim the member cache");
     }
-    let hashing = match result {
-        Ok(hashing) => hashing,
+    let (hashing, members) = match result {
+        Ok(done) => done,
         Err(e) => return Err(limit_error(e, options)),
     };
     let HashingWriter {
@@ -127,6 +130,7 @@ pub fn write_archive_with_copy<W: Write>(
     Ok(WrittenArchive {
         sha256: hex::encode(hasher.finalize()),
         size: written,
+        members,
     })
 }
 

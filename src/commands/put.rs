@@ -55,6 +55,13 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             "gzip members: reused from earlier captures, and compressed"
         );
     }
+    if report.outcome == StoreOutcome::Stored {
+        tracing::info!(
+            sent = report.size - report.copied,
+            copied = report.copied,
+            "bytes sent to the store, and copied there from checkpoints it held"
+        );
+    }
     println!("{} {}", report.id, report.size);
     match report.outcome {
         StoreOutcome::AlreadyPresent => eprintln!(

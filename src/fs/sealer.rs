@@ -32,7 +32,7 @@ use crate::archive::index;
 use crate::archive::{ArchiveError, Limits};
 use crate::cache::{Cache, Provenance};
 use crate::checkpoint::{
-    self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, StoreOutcome,
+    self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, PutReport, StoreOutcome,
 };
 use crate::pipe::pipe;
 use crate::store::ObjectStore;
@@ -206,12 +206,17 @@ impl Sealer {
             .expect("spawning a seal thread");
     }
 
-    fn finished(&self, commit_name: &[u8], result: &Result<(CheckpointId, StoreOutcome), FsError>) {
+    fn finished(&self, commit_name: &[u8], result: &Result<PutReport, FsError>) {
         let shown = String::from_utf8_lossy(commit_name);
         let mut seals = self.seals.lock().expect("seals lock");
         seals.in_progress.retain(|n| n != commit_name);
         let outcome = match result {
-            Ok((id, how)) => {
+            Ok(PutReport {
+                id,
+                outcome: how,
+                size,
+                copied,
+            }) => {
                 seals.succeeded += 1;
                 seals.sealed.push((commit_name.to_vec(), id.clone()));
                 // Over the mount's life: how much the member cache saved.
@@ -223,6 +228,8 @@ impl Sealer {
                     %how,
                     members_reused = reused,
                     members_compressed = compressed,
+                    sent = if *how == StoreOutcome::Stored { size - copied } else { 0 },
+                    copied,
                     "sealed"
                 );
                 format!("{shown}: sealed as {id} ({how})")
@@ -239,7 +246,7 @@ impl Sealer {
         }
     }
 
-    fn seal_now(&self, name: &[u8]) -> Result<(CheckpointId, StoreOutcome), FsError> {
+    fn seal_now(&self, name: &[u8]) -> Result<PutReport, FsError> {
         let frozen = self.staging.freeze(name)?;
         let result = self.seal_frozen(frozen.dir.as_fd());
         if result.is_ok() {
@@ -253,7 +260,7 @@ impl Sealer {
         result
     }
 
-    fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<(CheckpointId, StoreOutcome), FsError> {
+    fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<PutReport, FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
             max_unpacked: self.config.limits.max_unpacked_bytes,
@@ -291,8 +298,13 @@ impl Sealer {
                 journal.display()
             ))
         })?;
-        let stored =
-            checkpoint::store_archive(self.store.as_ref(), archive.path(), &written, &|_, _| {});
+        let stored = checkpoint::store_archive(
+            self.store.as_ref(),
+            archive.path(),
+            &written,
+            self.config.members.as_deref(),
+            &|_, _| {},
+        );
         let _ = std::fs::remove_file(&journal);
         let report = stored.map_err(seal_error)?;
         let info = CheckpointInfo {
@@ -321,6 +333,6 @@ impl Sealer {
                 tracing::warn!(checkpoint = %report.id, error = %e, "could not index the sealed archive; it will be downloaded on access");
             }
         }
-        Ok((report.id, report.outcome))
+        Ok(report)
     }
 }

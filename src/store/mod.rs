@@ -18,9 +18,13 @@
 //!   check (names are digests, but an object can be damaged or planted);
 //!   [`PutMode::Overwrite`] replaces one that was found bad, atomically;
 //! - uploads carry the SHA-256 of what is sent, for the server to check;
-//! - the metadata given to `put` comes back from `get` as it was given.
+//! - the metadata given to `put` comes back from `get` as it was given;
+//! - [`Reuse`] hints given to `put_reusing` change how many bytes are sent, never what
+//!   is stored: a store that copies bytes it already holds checks each copied range
+//!   against the file, and sends the file instead when a check or a copy fails.
 
 pub mod local;
+pub mod parts;
 pub mod s3;
 
 use std::collections::BTreeMap;
@@ -66,6 +70,26 @@ pub enum PutMode {
 pub enum PutOutcome {
     Stored,
     AlreadyPresent,
+}
+
+/// A hint for [`ObjectStore::put_reusing`]: `length` bytes at `offset` of the file
+/// being stored are the same as `length` bytes at `source_offset` of the object
+/// `source`, which the store already holds (as far as the caller knows: the store
+/// checks before it relies on it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reuse {
+    pub offset: u64,
+    pub length: u64,
+    pub source: String,
+    pub source_offset: u64,
+}
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    pub outcome: PutOutcome,
+    /// Bytes the store copied from objects it held, instead of receiving them.
+    pub copied: u64,
 }
 
 /// Reports `(bytes transferred so far, bytes in all)`; called from the thread doing
@@ -128,6 +152,22 @@ pub trait ObjectStore: Send + Sync {
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<PutOutcome, StoreError>;
+
+    /// Like [`put`](Self::put), but the store may copy the ranges `reuse` names from
+    /// objects it holds instead of receiving them. Stores that cannot copy ignore the
+    /// hints.
+    fn put_reusing(
+        &self,
+        name: &str,
+        path: &Path,
+        metadata: &BTreeMap<String, String>,
+        mode: PutMode,
+        _reuse: &[Reuse],
+        progress: Progress<'_>,
+    ) -> Result<Stored, StoreError> {
+        let outcome = self.put(name, path, metadata, mode, progress)?;
+        Ok(Stored { outcome, copied: 0 })
+    }
 
     /// Abandons every unfinished upload of `name` (a multipart upload whose writer
     /// was killed before it could abort it); returns how many there were. Stores

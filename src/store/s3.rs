@@ -38,12 +38,13 @@ use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPa
 use bytes::{Buf, Bytes};
 use tokio::runtime::Runtime;
 
+use super::parts::{self, Part};
 use super::{
-    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
+    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, Reuse,
+    StoreError, Stored,
 };
 
-/// S3 rejects parts smaller than this (except the last one).
-pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
+pub use super::parts::MIN_PART_SIZE;
 /// Parts uploaded at the same time by one multipart upload.
 const PARTS_IN_FLIGHT: usize = 4;
 
@@ -151,11 +152,12 @@ impl S3Store {
         // Hashed here, from the bytes about to be sent (not from what a caller says).
         let checksum = {
             let owned = path.to_owned();
-            tokio::task::spawn_blocking(move || sha256_base64_of_range(&owned, 0, size))
+            tokio::task::spawn_blocking(move || digests_of_range(&owned, 0, size))
                 .await
                 .map_err(io::Error::other)
                 .and_then(|r| r)
                 .map_err(|e| StoreError::io("read", path, e))?
+                .0
         };
         let body = ByteStream::from_path(path)
             .await
@@ -182,7 +184,7 @@ impl S3Store {
         &self,
         name: &str,
         path: &Path,
-        size: u64,
+        plan: &[Part],
         metadata: &HashMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
@@ -200,7 +202,7 @@ impl S3Store {
             .map_err(|e| self.remote_error("CreateMultipartUpload", name, &e))?;
         let upload_id = created.upload_id().unwrap_or_default().to_owned();
         let parts = match self
-            .upload_parts(name, path, size, &upload_id, progress)
+            .upload_parts(name, path, plan, &upload_id, progress)
             .await
         {
             Ok(parts) => parts,
@@ -275,65 +277,111 @@ impl S3Store {
         &self,
         name: &str,
         path: &Path,
-        size: u64,
+        plan: &[Part],
         upload_id: &str,
         progress: Progress<'_>,
     ) -> Result<Vec<CompletedPart>, StoreError> {
-        let part_count = size.div_ceil(self.part_size).max(1);
-        let mut parts = Vec::with_capacity(part_count as usize);
+        let size: u64 = plan.iter().map(|p| p.length).sum();
+        let mut parts = Vec::with_capacity(plan.len());
         let mut in_flight = tokio::task::JoinSet::new();
         let mut done = 0u64;
-        let mut next = 0u64;
-        while next < part_count || !in_flight.is_empty() {
-            while next < part_count && in_flight.len() < PARTS_IN_FLIGHT {
-                let offset = next * self.part_size;
-                let length = self.part_size.min(size - offset);
+        let mut next = 0;
+        while next < plan.len() || !in_flight.is_empty() {
+            while next < plan.len() && in_flight.len() < PARTS_IN_FLIGHT {
+                let part = plan[next].clone();
                 let number = (next + 1) as i32;
-                let request = self
-                    .client
-                    .upload_part()
-                    .bucket(&self.bucket)
-                    .key(self.key(name))
-                    .upload_id(upload_id)
-                    .part_number(number);
-                let (path, shown, endpoint) = (
+                let shown = format!("s3://{}/{}", self.bucket, self.key(name));
+                let endpoint = self.endpoint.clone();
+                let (path, client, bucket, key, upload_id) = (
                     path.to_owned(),
-                    format!("s3://{}/{}", self.bucket, self.key(name)),
-                    self.endpoint.clone(),
+                    self.client.clone(),
+                    self.bucket.clone(),
+                    self.key(name),
+                    upload_id.to_owned(),
                 );
-                // Each part carries the SHA-256 of its bytes, hashed in the part's own
-                // task so that hashing overlaps with the other parts' uploads.
+                let source = part.copy.as_ref().map(|(object, offset)| {
+                    (copy_source(&self.bucket, &self.key(object)), *offset)
+                });
                 in_flight.spawn(async move {
                     let read_error = |e: io::Error| StoreError::io("read", &path, e);
-                    let checksum = {
+                    // Hashed in the part's own task, so that hashing overlaps with the
+                    // other parts' transfers.
+                    let (sha256, md5) = {
                         let path = path.clone();
                         tokio::task::spawn_blocking(move || {
-                            sha256_base64_of_range(&path, offset, length)
+                            digests_of_range(&path, part.offset, part.length)
                         })
                         .await
                         .map_err(io::Error::other)
                         .and_then(|r| r)
                         .map_err(read_error)?
                     };
-                    let body = ByteStream::read_from()
-                        .path(&path)
-                        .offset(offset)
-                        .length(Length::Exact(length))
-                        .build()
-                        .await
-                        .map_err(|e| read_error(io::Error::other(e)))?;
-                    let uploaded = request
-                        .checksum_sha256(&checksum)
-                        .body(body)
-                        .send()
-                        .await
-                        .map_err(|e| remote_error("UploadPart", shown, &endpoint, &e))?;
-                    let part = CompletedPart::builder()
+                    let e_tag = match source {
+                        None => {
+                            // The part carries the SHA-256 of its bytes, for the server
+                            // to check.
+                            let body = ByteStream::read_from()
+                                .path(&path)
+                                .offset(part.offset)
+                                .length(Length::Exact(part.length))
+                                .build()
+                                .await
+                                .map_err(|e| read_error(io::Error::other(e)))?;
+                            let uploaded = client
+                                .upload_part()
+                                .bucket(bucket)
+                                .key(key)
+                                .upload_id(upload_id)
+                                .part_number(number)
+                                .checksum_sha256(&sha256)
+                                .body(body)
+                                .send()
+                                .await
+                                .map_err(|e| remote_error("UploadPart", shown, &endpoint, &e))?;
+                            uploaded.e_tag().map(str::to_owned)
+                        }
+                        Some((source, source_offset)) => {
+                            let range = format!(
+                                "bytes={source_offset}-{}",
+                                source_offset + part.length - 1
+                            );
+                            let copied = client
+                                .upload_part_copy()
+                                .bucket(bucket)
+                                .key(key)
+                                .upload_id(upload_id)
+                                .part_number(number)
+                                .copy_source(&source)
+                                .copy_source_range(&range)
+                                .send()
+                                .await
+                                .map_err(|e| remote_error("UploadPartCopy", shown.clone(), &endpoint, &e))?;
+                            let result = copied.copy_part_result();
+                            let e_tag = result.and_then(|r| r.e_tag()).map(str::to_owned);
+                            let server_sha256 = result.and_then(|r| r.checksum_sha256());
+                            // The source may have changed since it was recorded, or the
+                            // hint be wrong: the copy must be exactly the file's bytes.
+                            if e_tag.as_deref().map(|t| t.trim_matches('"')) != Some(md5.as_str())
+                                || server_sha256.is_some_and(|c| c != sha256)
+                            {
+                                return Err(StoreError::Remote {
+                                    operation: "UploadPartCopy",
+                                    name: shown,
+                                    message: format!(
+                                        "the copy of {source} {range} is not the bytes expected (ETag {}, MD5 {md5})",
+                                        e_tag.as_deref().unwrap_or("none")
+                                    ),
+                                });
+                            }
+                            e_tag
+                        }
+                    };
+                    let completed = CompletedPart::builder()
                         .part_number(number)
-                        .set_e_tag(uploaded.e_tag().map(str::to_owned))
-                        .checksum_sha256(checksum)
+                        .set_e_tag(e_tag)
+                        .checksum_sha256(sha256)
                         .build();
-                    Ok::<_, StoreError>((part, length))
+                    Ok::<_, StoreError>((completed, part.length))
                 });
                 next += 1;
             }
@@ -352,6 +400,18 @@ impl S3Store {
         parts.sort_by_key(|p| p.part_number());
         Ok(parts)
     }
+}
+
+/// The `x-amz-copy-source` of an object: bucket and key, URL-encoded.
+fn copy_source(bucket: &str, key: &str) -> String {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    const KEEP: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    format!("{bucket}/{}", utf8_percent_encode(key, KEEP))
 }
 
 /// The endpoint URL without a `user:password@` part. S3 requests are signed with the
@@ -519,24 +579,29 @@ fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
     last.to_string()
 }
 
-/// The `x-amz-checksum-sha256` value (base64 of the digest) of `path`'s bytes from
-/// `offset`, `length` of them.
-fn sha256_base64_of_range(path: &Path, offset: u64, length: u64) -> io::Result<String> {
+/// The `x-amz-checksum-sha256` value (base64) and the MD5 (hex, what S3 answers as
+/// a part's ETag) of `path`'s bytes from `offset`, `length` of them.
+fn digests_of_range(path: &Path, offset: u64, length: u64) -> io::Result<(String, String)> {
     use sha2::{Digest, Sha256};
     use std::io::{Seek, SeekFrom};
     let mut file = std::fs::File::open(path)?;
     file.seek(SeekFrom::Start(offset))?;
     let mut part = file.take(length);
-    let mut hasher = Sha256::new();
+    let mut sha256 = Sha256::new();
+    let mut md5 = <md5::Md5 as md5::Digest>::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = part.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
+        sha256.update(&buf[..n]);
+        md5::Digest::update(&mut md5, &buf[..n]);
     }
-    Ok(aws_smithy_types::base64::encode(hasher.finalize()))
+    Ok((
+        aws_smithy_types::base64::encode(sha256.finalize()),
+        hex::encode(md5::Digest::finalize(md5)),
+    ))
 }
 
 /// `If-None-Match: *` for a put that must not replace an existing object.
@@ -672,7 +737,8 @@ impl ObjectStore for S3Store {
             .collect();
         self.runtime.block_on(async {
             if size > self.part_size {
-                self.put_multipart(name, path, size, &user_metadata, mode, progress)
+                let plan = parts::plan(size, self.part_size, &[]);
+                self.put_multipart(name, path, &plan, &user_metadata, mode, progress)
                     .await
             } else {
                 let outcome = self
@@ -682,6 +748,52 @@ impl ObjectStore for S3Store {
                 Ok(outcome)
             }
         })
+    }
+
+    fn put_reusing(
+        &self,
+        name: &str,
+        path: &Path,
+        metadata: &BTreeMap<String, String>,
+        mode: PutMode,
+        reuse: &[Reuse],
+        progress: Progress<'_>,
+    ) -> Result<Stored, StoreError> {
+        let size = std::fs::metadata(path)
+            .map_err(|e| StoreError::io("stat", path, e))?
+            .len();
+        let plan = parts::plan(size, self.part_size, reuse);
+        let copied: u64 = plan
+            .iter()
+            .filter(|p| p.copy.is_some())
+            .map(|p| p.length)
+            .sum();
+        if copied > 0 {
+            let user_metadata: HashMap<String, String> = metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let result = self.runtime.block_on(self.put_multipart(
+                name,
+                path,
+                &plan,
+                &user_metadata,
+                mode,
+                progress,
+            ));
+            match result {
+                Ok(outcome) => return Ok(Stored { outcome, copied }),
+                // A source that was deleted or changed, a server without copies: the
+                // upload was aborted; everything is sent instead.
+                Err(e) => tracing::warn!(
+                    object = name,
+                    error = %e,
+                    "copying unchanged ranges in the store failed; uploading the whole object"
+                ),
+            }
+        }
+        let outcome = self.put(name, path, metadata, mode, progress)?;
+        Ok(Stored { outcome, copied: 0 })
     }
 }
 

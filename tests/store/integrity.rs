@@ -13,10 +13,10 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 
 use crate::util::proxy::CorruptingProxy;
-use crate::util::tree::{make_random_tree, make_sample_tree};
+use crate::util::tree::{make_random_tree, make_sample_tree, make_turn_tree};
 use crate::util::{
-    TEST_ACCESS_KEY, TEST_REGION, TEST_SECRET_KEY, TestStore, block_on, ckptfs, parse_put_output,
-    run, s3_endpoint, sha256_hex, temp_dir, unique_name,
+    TEST_ACCESS_KEY, TEST_REGION, TEST_SECRET_KEY, TestStore, block_on, ckptfs, logged_count,
+    parse_put_output, run, s3_endpoint, sha256_hex, temp_dir, unique_name,
 };
 
 /// The s3s-fs server `scripts/test.sh` starts: it refuses a body whose
@@ -269,4 +269,37 @@ fn credentials_in_an_endpoint_url_never_reach_the_output() {
         .arg(store.url()))
     .failure();
     assert!(!out.stderr.contains("Sup3rS3cret"), "{out}");
+}
+
+/// Server-side copy against a server that checks credentials and checksums: the
+/// second turn copies what did not change, and the object is exactly what was
+/// captured.
+#[test]
+fn s3s_a_turn_copies_unchanged_ranges_and_the_object_is_right() {
+    let client = s3s_client();
+    let bucket = unique_name("ckptfs-s3s");
+    block_on(client.create_bucket().bucket(&bucket).send()).expect("create bucket on s3s-fs");
+    let work = temp_dir();
+    let cache = work.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let extra = ["-v", "--part-size", "5MiB", "--cache-dir", cache_arg];
+    let first = work.path().join("first");
+    make_turn_tree(&first, 40, None);
+    put_via(&s3s_endpoint(), &bucket, &first, &extra).success();
+    let second = work.path().join("second");
+    make_turn_tree(&second, 40, Some(5));
+    let out = put_via(&s3s_endpoint(), &bucket, &second, &extra).success();
+    let (sha, size) = parse_put_output(&out);
+    assert!(logged_count(&out.stderr, "copied") >= 5 << 20, "{out}");
+    assert_eq!(
+        logged_count(&out.stderr, "sent") + logged_count(&out.stderr, "copied"),
+        size
+    );
+    let key = format!("ckpt/{sha}.tar.gz");
+    let object = block_on(client.get_object().bucket(&bucket).key(&key).send())
+        .expect("get the stored object");
+    let bytes = block_on(object.body.collect())
+        .expect("read it")
+        .into_bytes();
+    assert_eq!(sha256_hex(&bytes), sha);
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use crate::util::archive::{RawEntry, raw_tar_gz};
 use crate::util::proxy::CuttingProxy;
 use crate::util::tree::{
-    assert_same_tree, list_paths, make_random_tree, make_sample_tree, make_small_tree, set_mtime,
-    write_file,
+    assert_same_tree, list_paths, make_random_tree, make_sample_tree, make_small_tree,
+    make_turn_tree, set_mtime, write_file,
 };
 use crate::util::{
     TestStore, ckptfs, describe, is_sha256_hex, logged_count, parse_put_output, parse_rfc3339_utc,
@@ -1054,4 +1054,86 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
         .arg(&untarred))
     .success();
     assert_same_tree(&src, &untarred);
+}
+
+/// A turn that changes one file of 60 sends about S3's minimum part around the change
+/// and has the store copy the rest from the turn before (`UploadPartCopy`); the object
+/// is the one a capture without any cache writes, and restores. When the source was
+/// deleted, or changed under its name, between the turns, everything is sent instead
+/// and the object is still right; no multipart upload is left behind.
+#[test]
+fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
+    let store = TestStore::s3();
+    let work = temp_dir();
+    let cache = work.path().join("cache");
+    let put = |tree: &Path| {
+        let out = run(ckptfs()
+            .args(["-v", "put"])
+            .arg(store.url())
+            .arg(tree)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--part-size", "5MiB"]))
+        .success();
+        let (sha, size) = parse_put_output(&out);
+        assert_stored(&store, &sha, size);
+        (sha, size, out)
+    };
+    let turn = |n: usize, edited: Option<usize>| {
+        let dir = work.path().join(format!("turn{n}"));
+        make_turn_tree(&dir, 60, edited);
+        dir
+    };
+    let (first, _, out) = put(&turn(0, None));
+    assert_eq!(logged_count(&out.stderr, "copied"), 0, "{out}");
+
+    // One file in the middle changed: at most two minimum parts are sent.
+    let tree = turn(1, Some(30));
+    let (second, size, out) = put(&tree);
+    let (sent, copied) = (
+        logged_count(&out.stderr, "sent"),
+        logged_count(&out.stderr, "copied"),
+    );
+    assert_eq!(sent + copied, size, "{out}");
+    assert!(sent <= 10 << 20 && copied >= 8 << 20, "{out}");
+    let same = TestStore::local();
+    let out = run(ckptfs()
+        .arg("put")
+        .arg(same.url())
+        .arg(&tree)
+        .args(["--member-cache-size", "0"]))
+    .success();
+    assert_eq!(parse_put_output(&out), (second.clone(), size), "{out}");
+    let restored = work.path().join("restored");
+    store.get(&second, &restored);
+    assert_same_tree(&tree, &restored);
+
+    // The source changed under its name (same length): the copy's ETag is not the
+    // MD5 of the bytes expected, and the whole object is sent.
+    let planted = {
+        let mut bytes = store.object_bytes(&second).unwrap();
+        bytes[size as usize / 8] ^= 0xff;
+        bytes
+    };
+    store.write_object_bytes(&second, &planted, Some((&second, size)));
+    store.delete_object(&first);
+    let tree = turn(2, Some(20));
+    let (third, size, out) = put(&tree);
+    assert!(out.stderr.contains("is not the bytes expected"), "{out}");
+    assert_eq!(logged_count(&out.stderr, "sent"), size, "{out}");
+    assert_eq!(store.multipart_uploads(), Vec::<String>::new());
+    let restored = work.path().join("restored-3");
+    store.get(&third, &restored);
+    assert_same_tree(&tree, &restored);
+
+    // Every source deleted: nothing to copy, nothing tried.
+    store.delete_object(&second);
+    store.delete_object(&third);
+    let tree = turn(3, Some(10));
+    let (fourth, size, out) = put(&tree);
+    assert_eq!(logged_count(&out.stderr, "sent"), size, "{out}");
+    assert!(!out.stderr.contains("failed"), "{out}");
+    let restored = work.path().join("restored-4");
+    store.get(&fourth, &restored);
+    assert_same_tree(&tree, &restored);
 }

@@ -439,3 +439,19 @@ fn tree_comparison_sees_every_attribute() {
         }
     }
 }
+
+/// A workspace of `files` random (incompressible) files of 300 KiB, `f000.bin`..., in
+/// which file number `edited` (if any) has other contents: two turns that differ by
+/// one file in the middle.
+pub fn make_turn_tree(root: &Path, files: usize, edited: Option<usize>) {
+    make_dir(root);
+    for i in 0..files {
+        let seed = if Some(i) == edited { 1_000_000 + i } else { i } as u64;
+        write_file(
+            &root.join(format!("f{i:03}.bin")),
+            &random_bytes(300 << 10, seed),
+            0o644,
+        );
+    }
+    fix_mtimes(root);
+}
