@@ -28,8 +28,11 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::{ArchiveError, Entry, EntryMeta, Limits, Tally, clean_path, display_path, entry_meta};
 
-/// Files at least this large are stored in a file of their own.
-pub const OWN_FILE_THRESHOLD: u64 = 64 * 1024;
+/// Files at least this large are stored in a file of their own. Files of their own
+/// are shared by content between the cache's entries (turns that did not change a
+/// file hold it once), packs are not: the lower the threshold, the less a turn costs
+/// in the cache, at one inode per file.
+pub const OWN_FILE_THRESHOLD: u64 = 16 * 1024;
 
 /// Index of the root directory in [`Index::nodes`].
 pub const ROOT: u32 = 0;

@@ -4,7 +4,9 @@
 //! ```text
 //! <entry>/index        the archive's Index (postcard), then its xxh3 (8 bytes, LE)
 //! <entry>/pack         small files, concatenated
-//! <entry>/files/<n>    large files, one each (passthrough backing files)
+//! <entry>/files/<n>    large files, one each (passthrough backing files); each
+//!                      also linked as a blob when it is finished ([`super::blobs`]),
+//!                      or replaced by a link to the blob of the same content
 //! ```
 //!
 //! Every file is 0600 in a 0700 directory. An entry is written in a private
@@ -12,12 +14,16 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
+use super::blobs::Blobs;
 use super::{CacheError, io_err, read_at};
 use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
 use crate::checkpoint::CheckpointId;
@@ -40,20 +46,35 @@ fn create_private(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// Bytes an entry takes on disk: its contents (pack plus own files) and its index,
-/// which grows with the archive's names, not with its contents.
+/// Bytes an entry takes on disk that no other entry shares: its pack, its index
+/// (which grows with the archive's names, not with its contents), and the files of
+/// its own that are not blobs (those count in the blob pool, once).
 pub(super) fn size_on_disk(dir: &Path) -> u64 {
+    own_files_linked(dir, 1) + unshared_size(dir)
+}
+
+/// What deleting the entry would free: its own size, and the blobs only it uses.
+pub(super) fn freed_by_removal(dir: &Path) -> u64 {
+    size_on_disk(dir) + own_files_linked(dir, 2)
+}
+
+fn unshared_size(dir: &Path) -> u64 {
+    let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
+    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
+    pack + index
+}
+
+/// The bytes of the entry's own files that have `links` hard links.
+fn own_files_linked(dir: &Path, links: u64) -> u64 {
     let files = fs::read_dir(dir.join("files"))
         .into_iter()
         .flatten()
         .flatten();
-    let own: u64 = files
+    files
         .filter_map(|f| f.metadata().ok())
+        .filter(|m| m.nlink() == links)
         .map(|m| m.len())
-        .sum();
-    let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
-    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
-    own + pack + index
+        .sum()
 }
 
 /// A checkpoint whose every byte was verified, ready to serve.
@@ -106,10 +127,13 @@ pub struct PendingEntry {
     dir: Option<PathBuf>,
     pack: BufWriter<File>,
     pack_len: u64,
+    blobs: Arc<Blobs>,
+    /// The files of its own written so far, with the SHA-256 of their bytes.
+    own: Vec<(u32, [u8; 32])>,
 }
 
 impl PendingEntry {
-    pub(super) fn create(dir: PathBuf) -> Result<Self, CacheError> {
+    pub(super) fn create(dir: PathBuf, blobs: Arc<Blobs>) -> Result<Self, CacheError> {
         DirBuilder::new()
             .mode(0o700)
             .create(dir.join("files"))
@@ -119,6 +143,8 @@ impl PendingEntry {
             dir: Some(dir),
             pack: BufWriter::with_capacity(1 << 20, pack),
             pack_len: 0,
+            blobs,
+            own: Vec::new(),
         })
     }
 
@@ -138,6 +164,9 @@ impl PendingEntry {
     ) -> Result<VerifiedCheckpoint, CacheError> {
         let dir = self.dir().to_owned();
         self.pack.flush().map_err(io_err(&dir))?;
+        for (node, digest) in std::mem::take(&mut self.own) {
+            self.blobs.share(&own_file_path(&dir, node), &digest);
+        }
         write_index(&dir, &index)?;
         fs::rename(&dir, final_dir).map_err(io_err(final_dir))?;
         self.dir = None;
@@ -158,7 +187,41 @@ impl ContentSink for PendingEntry {
 
     fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>> {
         let file = create_private(&own_file_path(self.dir(), node))?;
-        Ok(Box::new(BufWriter::with_capacity(256 * 1024, file)))
+        Ok(Box::new(OwnFile {
+            file: BufWriter::with_capacity(256 * 1024, file),
+            hasher: Sha256::new(),
+            node,
+            done: &mut self.own,
+        }))
+    }
+}
+
+/// A file of its own being written, hashed on the way for [`Blobs`]. It is listed
+/// for sharing when dropped; a file whose writing failed is never shared, since the
+/// whole entry is then discarded.
+struct OwnFile<'a> {
+    file: BufWriter<File>,
+    hasher: Sha256,
+    node: u32,
+    done: &'a mut Vec<(u32, [u8; 32])>,
+}
+
+impl Write for OwnFile<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(data)?;
+        self.hasher.update(&data[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Drop for OwnFile<'_> {
+    fn drop(&mut self) {
+        let digest = std::mem::take(&mut self.hasher).finalize().into();
+        self.done.push((self.node, digest));
     }
 }
 

@@ -6,6 +6,7 @@
 //! checkpoints/<sha256>/      one verified checkpoint (see [`entry`] for inside)
 //! checkpoints/partial-*      a pass in progress; removed at start-up
 //! checkpoints/trash-*        an evicted entry being deleted; removed at start-up
+//! blobs/<sha256>             files of their own shared by entries (see [`blobs`])
 //! lock                       flock: one daemon per cache directory
 //! members/                   compressed gzip members of captures (not this module's:
 //!                            see `crate::archive::members`; shared with `put`)
@@ -17,10 +18,12 @@
 //! - nothing from it is served after a restart before every byte was checked again
 //!   against the checksums in its index: a damaged entry is deleted and fetched again;
 //! - one daemon at a time uses a cache directory (an exclusive `flock` on `lock`);
-//! - the total size stays under the configured bound, evicting least recently used
+//! - the total size, shared files counted once, stays under the configured bound,
+//!   evicting least recently used
 //!   entries that the caller releases; an evicted entry is renamed away at once (a
 //!   new load of it starts afresh) and deleted later, outside every lock.
 
+pub mod blobs;
 pub mod entry;
 
 use std::fs::{self, DirBuilder, File};
@@ -33,6 +36,7 @@ use std::time::SystemTime;
 
 use lru::LruCache;
 
+use blobs::Blobs;
 pub use entry::{PendingEntry, Provenance, VerifiedCheckpoint};
 
 use crate::archive::index::{self, Index};
@@ -88,8 +92,10 @@ pub struct Cache {
     /// Held (flock) for the cache's lifetime: one daemon per cache directory.
     _lock: File,
     checkpoints: PathBuf,
+    /// Files of their own shared between entries, counted once.
+    blobs: Arc<Blobs>,
     max_bytes: u64,
-    /// Entries on disk, least recently used last, with their sizes in bytes.
+    /// Entries on disk, least recently used last, with the bytes they alone use.
     entries: Mutex<LruCache<CheckpointId, u64>>,
     /// Checkpoints downloaded, and checkpoints served from disk after a check.
     downloads: AtomicU64,
@@ -194,6 +200,10 @@ impl Cache {
                 }
             }
         }
+        let blobs_dir = dir.join("blobs");
+        private_dir(&blobs_dir)?;
+        // After the unfinished entries are gone: what they alone used goes too.
+        let blobs = Arc::new(Blobs::open(blobs_dir).map_err(io_err(dir))?);
         found.sort();
         let mut entries = LruCache::unbounded();
         for (_, id, size) in found {
@@ -202,6 +212,7 @@ impl Cache {
         Ok(Cache {
             _lock: lock,
             checkpoints,
+            blobs,
             max_bytes,
             entries: Mutex::new(entries),
             downloads: AtomicU64::new(0),
@@ -218,7 +229,7 @@ impl Cache {
     pub fn stats(&self) -> CacheStats {
         let entries = self.entries.lock().expect("cache lock");
         CacheStats {
-            used_bytes: entries.iter().map(|(_, s)| s).sum(),
+            used_bytes: entries.iter().map(|(_, s)| s).sum::<u64>() + self.blobs.bytes(),
             entries: entries.len(),
             downloads: self.downloads.load(Ordering::Relaxed),
             downloaded_bytes: self.downloaded_bytes.load(Ordering::Relaxed),
@@ -291,7 +302,7 @@ impl Cache {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         private_dir(&dir)?;
-        PendingEntry::create(dir)
+        PendingEntry::create(dir, Arc::clone(&self.blobs))
     }
 
     /// Completes an entry whose contents were indexed from bytes that hashed to `id`.
@@ -354,15 +365,12 @@ impl Cache {
     /// deletes them, and is meant to be emptied outside every lock.
     pub fn evict(&self, release: impl Fn(&CheckpointId) -> bool) -> Trash {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mut trash = Trash(Vec::new());
+        let mut trash = Trash(Vec::new(), Arc::clone(&self.blobs));
         let mut entries = self.entries.lock().expect("cache lock");
-        let mut total: u64 = entries.iter().map(|(_, s)| s).sum();
-        let candidates: Vec<(CheckpointId, u64)> = entries
-            .iter()
-            .rev()
-            .map(|(id, size)| (id.clone(), *size))
-            .collect();
-        for (id, size) in candidates {
+        let mut total: u64 = entries.iter().map(|(_, s)| s).sum::<u64>() + self.blobs.bytes();
+        let candidates: Vec<CheckpointId> =
+            entries.iter().rev().map(|(id, _)| id.clone()).collect();
+        for id in candidates {
             if total <= self.max_bytes {
                 break;
             }
@@ -370,7 +378,8 @@ impl Cache {
                 continue;
             }
             entries.pop(&id);
-            total -= size;
+            // Blobs shared with entries that stay are not freed.
+            total = total.saturating_sub(entry::freed_by_removal(&self.entry_dir(&id)));
             let away = self.checkpoints.join(format!(
                 "trash-{}-{}",
                 std::process::id(),
@@ -389,9 +398,9 @@ impl Cache {
     }
 }
 
-/// Evicted entries waiting to be deleted.
+/// Evicted entries waiting to be deleted (and then the blobs only they used).
 #[must_use = "empty the trash once every lock is released"]
-pub struct Trash(Vec<PathBuf>);
+pub struct Trash(Vec<PathBuf>, Arc<Blobs>);
 
 impl Trash {
     pub fn is_empty(&self) -> bool {
@@ -400,11 +409,15 @@ impl Trash {
 
     /// Deletes the evicted entries (slow for large ones: call it holding no lock).
     pub fn empty(self) {
+        if self.0.is_empty() {
+            return;
+        }
         for dir in self.0 {
             if let Err(e) = fs::remove_dir_all(&dir) {
                 tracing::warn!(path = %dir.display(), error = %e, "could not delete an evicted entry");
             }
         }
+        self.1.collect();
     }
 }
 

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use crate::util::TestStore;
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
-use crate::util::tree::{assert_same_tree, make_random_tree, make_sample_tree, random_bytes};
+use crate::util::tree::{
+    assert_same_tree, make_random_tree, make_sample_tree, make_turn_tree, random_bytes,
+};
 
 /// Every regular file under `dir`, recursively, with its size.
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
@@ -243,4 +245,71 @@ pub(super) fn a_checkpoint_larger_than_the_cache_still_reads(store: &TestStore) 
         )
     });
     assert!(blob == random_bytes(BLOB, 7));
+}
+
+/// Bytes of the regular files under `dir`, each inode counted once (as `du` counts).
+fn distinct_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::BTreeSet::new();
+    files_under(dir)
+        .into_iter()
+        .filter(|(path, _)| seen.insert(fs::symlink_metadata(path).unwrap().ino()))
+        .map(|(_, len)| len)
+        .sum()
+}
+
+/// Two turns that differ by one file of twelve hold their eleven common files once
+/// in the cache, and the cache counts them once; a shared file damaged on disk is
+/// found in both entries after a restart, and both are fetched again and right.
+pub(super) fn turns_share_their_unchanged_files_in_the_cache(store: &TestStore) {
+    let work = repo_temp_dir("shared-");
+    let trees: Vec<PathBuf> = (0..2)
+        .map(|turn| {
+            let dir = work.path().join(format!("turn{turn}"));
+            make_turn_tree(&dir, 12, (turn == 1).then_some(4));
+            dir
+        })
+        .collect();
+    let shas: Vec<String> = trees.iter().map(|t| store.put(t, &[]).0).collect();
+    let cache = work.path().join("cache");
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    for (tree, sha) in trees.iter().zip(&shas) {
+        assert_same_tree(tree, &mount.join(sha));
+    }
+    let file = 300 * 1024;
+    let on_disk = distinct_bytes(&cache);
+    // 13 distinct files of 300 KiB, plus the packs and indexes (a few KiB).
+    assert!(
+        (13 * file..13 * file + 64 * 1024).contains(&on_disk),
+        "{on_disk} bytes on disk for 13 distinct files of {file}"
+    );
+    let status = mount.status();
+    assert!(
+        status.cache_bytes <= on_disk && status.cache_bytes + 64 * 1024 >= on_disk,
+        "the cache counts {} bytes, {on_disk} on disk\n{}",
+        status.cache_bytes,
+        status.text
+    );
+    drop(mount);
+
+    let shared = cache
+        .join("checkpoints")
+        .join(&shas[0])
+        .join("files")
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            use std::os::unix::fs::MetadataExt;
+            fs::metadata(p).unwrap().nlink() == 3
+        })
+        .expect("a file linked from both entries and the blob pool");
+    corrupt_same_length(&shared);
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    for (tree, sha) in trees.iter().zip(&shas) {
+        assert_same_tree(tree, &mount.join(sha));
+    }
+    assert_counters(&mount, 2, 0);
+    drop(mount);
+    assert!(distinct_bytes(&cache) <= 13 * file + 64 * 1024);
 }

@@ -24,7 +24,7 @@ fn s3_parallel_readers_of_a_cold_checkpoint_share_one_download() {
     let work = repo_temp_dir("readers-");
     let src = work.path().join("src");
     make_dir(&src);
-    // Half the files packed, half in files of their own (>= 64 KiB).
+    // Half the files packed, half in files of their own (>= 16 KiB).
     let contents: Vec<Vec<u8>> = (0..READERS)
         .map(|i| {
             let len = if i % 2 == 0 { 1000 + i } else { 70_000 + i };

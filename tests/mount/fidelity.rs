@@ -35,24 +35,24 @@ fn set_mtime_ns(path: &Path, secs: i64, nanos: i64) {
 }
 
 /// The SPEC's reference tree plus what the mount handles specially: files just below
-/// and at the own-file threshold (64 KiB), a directory too large for one readdir
+/// and at the own-file threshold (16 KiB), a directory too large for one readdir
 /// reply, a file with three names, a hard-linked large file, a long symlink target
 /// and a long name.
 fn make_fidelity_tree(root: &Path) {
     make_sample_tree(root);
     write_file(
         &root.join("threshold/below.bin"),
-        &random_bytes(65_535, 1),
+        &random_bytes(16_383, 1),
         0o644,
     );
     write_file(
         &root.join("threshold/at.bin"),
-        &random_bytes(65_536, 2),
+        &random_bytes(16_384, 2),
         0o600,
     );
     write_file(
         &root.join("threshold/above.bin"),
-        &random_bytes(65_537, 3),
+        &random_bytes(16_385, 3),
         0o755,
     );
     fs::hard_link(

@@ -54,4 +54,5 @@ both_stores!(
     cache::cache_is_reused_and_repaired_after_restarts,
     cache::eviction_keeps_the_cache_under_its_bound,
     cache::a_checkpoint_larger_than_the_cache_still_reads,
+    cache::turns_share_their_unchanged_files_in_the_cache,
 );

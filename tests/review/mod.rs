@@ -64,7 +64,7 @@ const LIB_3: &str = "pub fn answer() -> u32 {\n    43\n}\n";
 const GUIDE: &str = "# Guide\n";
 const DATA_1: &[u8] = b"\x00\x01binary\x00one";
 const DATA_2: &[u8] = b"\x00\x02binary\x00two!";
-/// A file of its own in the cache (64 KiB and more), unchanged in every turn.
+/// A file of its own in the cache (16 KiB and more), unchanged in every turn.
 const BLOB_LEN: usize = 100_000;
 
 fn blob() -> Vec<u8> {

@@ -1,0 +1,122 @@
+//! Files of their own shared by content between cache entries.
+//!
+//! `blobs/<sha256>` is one more hard link to a file of its own of some entry, named by
+//! the SHA-256 of its bytes, hashed as the entry was written from a verified stream.
+//! A new entry whose file has the same digest links that blob in its place instead of
+//! keeping its own copy, so that turns that share most of their files hold them on
+//! disk once. The kernel counts the references: a blob whose link count fell to 1 is
+//! used by no entry, and [`Blobs::collect`] deletes it.
+//!
+//! Invariants:
+//! - a blob is linked into an entry only after its bytes hashed again to its name, so a
+//!   blob damaged on disk is replaced, never spread to a new entry (entries found after
+//!   a restart are checked file by file anyway);
+//! - bytes are counted once: [`Blobs::bytes`] is the pool, and an entry's own size
+//!   counts only the files nothing shares (link count 1);
+//! - sharing and collecting hold one lock, so a blob is never deleted between the check
+//!   of its link count and a new link to it.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+pub struct Blobs {
+    dir: PathBuf,
+    /// Held while linking to a blob, and while deleting unused ones.
+    lock: Mutex<()>,
+    bytes: AtomicU64,
+}
+
+impl Blobs {
+    /// Opens the pool in `dir` (a private directory), deleting blobs no entry uses.
+    pub fn open(dir: PathBuf) -> io::Result<Blobs> {
+        let blobs = Blobs {
+            dir,
+            lock: Mutex::new(()),
+            bytes: AtomicU64::new(0),
+        };
+        blobs.collect();
+        Ok(blobs)
+    }
+
+    /// Bytes of the blobs, each counted once however many entries use it.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Shares `file` (just written, whose bytes hash to `digest`): it becomes the
+    /// blob of its content, or is replaced by a link to the blob already there. On
+    /// any error the file stays as it is, unshared.
+    pub fn share(&self, file: &Path, digest: &[u8; 32]) {
+        if let Err(e) = self.try_share(file, digest) {
+            tracing::debug!(path = %file.display(), error = %e, "keeping a cached file unshared");
+        }
+    }
+
+    fn try_share(&self, file: &Path, digest: &[u8; 32]) -> io::Result<()> {
+        let blob = self.dir.join(hex::encode(digest));
+        let len = fs::symlink_metadata(file)?.len();
+        let _one = self.lock.lock().expect("blobs lock");
+        match fs::hard_link(file, &blob) {
+            Ok(()) => {
+                self.bytes.fetch_add(len, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let meta = fs::symlink_metadata(&blob)?;
+        if !meta.file_type().is_file() || meta.len() != len || sha256_of(&blob)? != *digest {
+            tracing::warn!(blob = %blob.display(), "a shared cache file is damaged; replacing it");
+            fs::remove_file(&blob)?;
+            self.bytes
+                .fetch_sub(meta.len().min(self.bytes()), Ordering::Relaxed);
+            fs::hard_link(file, &blob)?;
+            self.bytes.fetch_add(len, Ordering::Relaxed);
+            return Ok(());
+        }
+        let temp = file.with_extension("shared");
+        fs::hard_link(&blob, &temp)?;
+        fs::rename(&temp, file).inspect_err(|_| {
+            let _ = fs::remove_file(&temp);
+        })
+    }
+
+    /// Deletes the blobs no entry links any more, and recounts the pool.
+    pub fn collect(&self) {
+        let _one = self.lock.lock().expect("blobs lock");
+        let mut total = 0;
+        let Ok(listing) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for item in listing.flatten() {
+            let Ok(meta) = item.metadata() else { continue };
+            if !meta.file_type().is_file() {
+                continue;
+            }
+            if meta.nlink() > 1 {
+                total += meta.len();
+            } else if let Err(e) = fs::remove_file(item.path()) {
+                tracing::warn!(path = %item.path().display(), error = %e, "cannot delete an unused shared file");
+            }
+        }
+        self.bytes.store(total, Ordering::Relaxed);
+    }
+}
+
+fn sha256_of(path: &Path) -> io::Result<[u8; 32]> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf)? {
+            0 => return Ok(hasher.finalize().into()),
+            n => hasher.update(&buf[..n]),
+        }
+    }
+}
