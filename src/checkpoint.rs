@@ -484,23 +484,31 @@ pub fn store_archive(
     let name = id.object_name();
     let metadata = encode_metadata(&id, written.size);
     let mut copied = 0;
+    let mut copied_unchecked = 0;
     let stored = !store.exists(&name)? && {
         let reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
         let stored =
             store.put_reusing(&name, path, &metadata, PutMode::IfAbsent, &reuse, progress)?;
         copied = stored.copied;
+        copied_unchecked = stored.copied_unchecked;
         stored.outcome == PutOutcome::Stored
     };
-    // Otherwise it was there, or a concurrent writer just stored it: only a good copy
-    // counts.
-    let outcome = if stored {
+    // A copy only an MD5 vouched for is read back (see `Stored::copied_unchecked`);
+    // otherwise the object was there, or a concurrent writer just stored it: only a
+    // good copy counts.
+    let outcome = if stored && copied_unchecked == 0 {
         StoreOutcome::Stored
     } else {
+        if copied_unchecked > 0 {
+            tracing::debug!(checkpoint = %id, bytes = copied_unchecked, "reading back an object the store assembled with copies checked by MD5 only");
+        }
         match verify(store, &id) {
+            Ok(()) if stored => StoreOutcome::Stored,
             Ok(()) => StoreOutcome::AlreadyPresent,
             Err(CheckpointError::Verify { failure, .. }) => {
                 tracing::warn!(checkpoint = %id, reason = %failure, "the stored object is damaged; replacing it");
                 store.put(&name, path, &metadata, PutMode::Overwrite, progress)?;
+                copied = 0;
                 StoreOutcome::Replaced {
                     reason: failure.to_string(),
                 }

@@ -53,9 +53,17 @@ pub(super) fn size_on_disk(dir: &Path) -> u64 {
     own_files_linked(dir, 1) + unshared_size(dir)
 }
 
-/// What deleting the entry would free: its own size, and the blobs only it uses.
-pub(super) fn freed_by_removal(dir: &Path) -> u64 {
-    size_on_disk(dir) + own_files_linked(dir, 2)
+/// The entry's files of its own that are shared (blobs): inode, links, length.
+pub(super) fn shared_files(dir: &Path) -> Vec<(u64, u64, u64)> {
+    let files = fs::read_dir(dir.join("files"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    files
+        .filter_map(|f| f.metadata().ok())
+        .filter(|m| m.nlink() >= 2)
+        .map(|m| (m.ino(), m.nlink(), m.len()))
+        .collect()
 }
 
 fn unshared_size(dir: &Path) -> u64 {

@@ -26,6 +26,7 @@
 pub mod blobs;
 pub mod entry;
 
+use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
@@ -370,6 +371,8 @@ impl Cache {
         let mut total: u64 = entries.iter().map(|(_, s)| s).sum::<u64>() + self.blobs.bytes();
         let candidates: Vec<CheckpointId> =
             entries.iter().rev().map(|(id, _)| id.clone()).collect();
+        // Links of shared files not yet counted as going, by inode.
+        let mut links_left: HashMap<u64, u64> = HashMap::new();
         for id in candidates {
             if total <= self.max_bytes {
                 break;
@@ -378,8 +381,18 @@ impl Cache {
                 continue;
             }
             entries.pop(&id);
-            // Blobs shared with entries that stay are not freed.
-            total = total.saturating_sub(entry::freed_by_removal(&self.entry_dir(&id)));
+            // What it alone uses, and the blobs whose last entry goes with it (the
+            // entries evicted before it in this pass still hold their links).
+            let dir = self.entry_dir(&id);
+            let mut freed = entry::size_on_disk(&dir);
+            for (inode, links, len) in entry::shared_files(&dir) {
+                let left = links_left.entry(inode).or_insert(links);
+                *left -= 1;
+                if *left == 1 {
+                    freed += len;
+                }
+            }
+            total = total.saturating_sub(freed);
             let away = self.checkpoints.join(format!(
                 "trash-{}-{}",
                 std::process::id(),

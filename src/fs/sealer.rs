@@ -288,6 +288,7 @@ impl Sealer {
         drop(tar_copy);
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;
+        tracing::debug!(bytes = written.size, "archived and indexed; storing");
         let object = CheckpointId::parse(&written.sha256)
             .expect("a sha256 is an id")
             .object_name();
@@ -307,6 +308,7 @@ impl Sealer {
         );
         let _ = std::fs::remove_file(&journal);
         let report = stored.map_err(seal_error)?;
+        tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored; adding to the cache");
         let info = CheckpointInfo {
             id: report.id.clone(),
             size: report.size,

@@ -90,6 +90,11 @@ pub struct Stored {
     pub outcome: PutOutcome,
     /// Bytes the store copied from objects it held, instead of receiving them.
     pub copied: u64,
+    /// Of those, the bytes only an MD5 (the part's ETag) vouches for: the server gave
+    /// no SHA-256 of the copy. MD5 collisions can be made, and both the source object
+    /// and (through stored deflate blocks) the archive's bytes may be an attacker's,
+    /// so the caller must read such an object back before trusting it.
+    pub copied_unchecked: u64,
 }
 
 /// Reports `(bytes transferred so far, bytes in all)`; called from the thread doing
@@ -166,7 +171,11 @@ pub trait ObjectStore: Send + Sync {
         progress: Progress<'_>,
     ) -> Result<Stored, StoreError> {
         let outcome = self.put(name, path, metadata, mode, progress)?;
-        Ok(Stored { outcome, copied: 0 })
+        Ok(Stored {
+            outcome,
+            copied: 0,
+            copied_unchecked: 0,
+        })
     }
 
     /// Abandons every unfinished upload of `name` (a multipart upload whose writer

@@ -120,12 +120,13 @@ fn fix_short_sends(segments: &mut Vec<Part>) {
 }
 
 /// Cuts a segment into parts: sent ones of about `part_size` (never less, so that each
-/// is at least the minimum), copied ones of at most [`MAX_PART_SIZE`].
+/// is at least the minimum), none of more than [`MAX_PART_SIZE`].
 fn split(segment: Part, part_size: u64) -> Vec<Part> {
     let count = match segment.copy {
-        None => (segment.length / part_size).max(1),
-        Some(_) => segment.length.div_ceil(MAX_PART_SIZE).max(1),
-    };
+        None => (segment.length / part_size).max(segment.length.div_ceil(MAX_PART_SIZE)),
+        Some(_) => segment.length.div_ceil(MAX_PART_SIZE),
+    }
+    .max(1);
     let each = segment.length / count;
     (0..count)
         .map(|k| {
@@ -205,6 +206,15 @@ mod tests {
                 .iter()
                 .all(|p| p.copy.is_none() && p.length >= 64 * MIB)
         );
+    }
+
+    #[test]
+    fn no_part_is_larger_than_s3_allows() {
+        let size = 7 * 1024 * MIB;
+        let parts = plan(size, 4 * 1024 * MIB, &[]);
+        assert!(parts.len() >= 2, "{parts:?}");
+        assert!(parts.iter().all(|p| p.length <= MAX_PART_SIZE), "{parts:?}");
+        assert_eq!(parts.iter().map(|p| p.length).sum::<u64>(), size);
     }
 
     proptest! {

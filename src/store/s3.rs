@@ -188,7 +188,7 @@ impl S3Store {
         metadata: &HashMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
-    ) -> Result<PutOutcome, StoreError> {
+    ) -> Result<(PutOutcome, u64), StoreError> {
         let key = self.key(name);
         let created = self
             .client
@@ -201,11 +201,11 @@ impl S3Store {
             .await
             .map_err(|e| self.remote_error("CreateMultipartUpload", name, &e))?;
         let upload_id = created.upload_id().unwrap_or_default().to_owned();
-        let parts = match self
+        let (parts, md5_only) = match self
             .upload_parts(name, path, plan, &upload_id, progress)
             .await
         {
-            Ok(parts) => parts,
+            Ok(done) => done,
             Err(e) => {
                 self.abort_upload(&key, &upload_id).await;
                 return Err(e);
@@ -226,14 +226,14 @@ impl S3Store {
             .send()
             .await;
         let result = match completed {
-            Ok(_) => return Ok(PutOutcome::Stored),
-            Err(e) if is_precondition_failed(&e) => Ok(PutOutcome::AlreadyPresent),
+            Ok(_) => return Ok((PutOutcome::Stored, md5_only)),
+            Err(e) if is_precondition_failed(&e) => Ok((PutOutcome::AlreadyPresent, 0)),
             // Some servers answer 200 with a body the SDK cannot parse (moto names the
             // XML root differently). The object is content-addressed, so if it exists
             // now it is the right one, whoever completed it.
             Err(e) if e.raw_response().is_some_and(|r| r.status().is_success()) => {
                 match self.exists_async(name).await {
-                    Ok(true) => return Ok(PutOutcome::Stored),
+                    Ok(true) => return Ok((PutOutcome::Stored, md5_only)),
                     _ => Err(self.remote_error("CompleteMultipartUpload", name, &e)),
                 }
             }
@@ -280,8 +280,9 @@ impl S3Store {
         plan: &[Part],
         upload_id: &str,
         progress: Progress<'_>,
-    ) -> Result<Vec<CompletedPart>, StoreError> {
+    ) -> Result<(Vec<CompletedPart>, u64), StoreError> {
         let size: u64 = plan.iter().map(|p| p.length).sum();
+        let mut md5_only = 0;
         let mut parts = Vec::with_capacity(plan.len());
         let mut in_flight = tokio::task::JoinSet::new();
         let mut done = 0u64;
@@ -316,6 +317,8 @@ impl S3Store {
                         .and_then(|r| r)
                         .map_err(read_error)?
                     };
+                    // Bytes copied that only an MD5 vouches for.
+                    let mut md5_only = 0;
                     let e_tag = match source {
                         None => {
                             // The part carries the SHA-256 of its bytes, for the server
@@ -373,6 +376,9 @@ impl S3Store {
                                     ),
                                 });
                             }
+                            if server_sha256.is_none() {
+                                md5_only = part.length;
+                            }
                             e_tag
                         }
                     };
@@ -381,24 +387,25 @@ impl S3Store {
                         .set_e_tag(e_tag)
                         .checksum_sha256(sha256)
                         .build();
-                    Ok::<_, StoreError>((completed, part.length))
+                    Ok::<_, StoreError>((completed, part.length, md5_only))
                 });
                 next += 1;
             }
             let Some(joined) = in_flight.join_next().await else {
                 break;
             };
-            let (part, length) = joined.map_err(|e| StoreError::Remote {
+            let (part, length, part_md5_only) = joined.map_err(|e| StoreError::Remote {
                 operation: "UploadPart",
                 name: name.to_owned(),
                 message: e.to_string(),
             })??;
+            md5_only += part_md5_only;
             parts.push(part);
             done += length;
             progress(done, size);
         }
         parts.sort_by_key(|p| p.part_number());
-        Ok(parts)
+        Ok((parts, md5_only))
     }
 }
 
@@ -740,6 +747,7 @@ impl ObjectStore for S3Store {
                 let plan = parts::plan(size, self.part_size, &[]);
                 self.put_multipart(name, path, &plan, &user_metadata, mode, progress)
                     .await
+                    .map(|(outcome, _)| outcome)
             } else {
                 let outcome = self
                     .put_single(name, path, size, &user_metadata, mode)
@@ -782,7 +790,13 @@ impl ObjectStore for S3Store {
                 progress,
             ));
             match result {
-                Ok(outcome) => return Ok(Stored { outcome, copied }),
+                Ok((outcome, md5_only)) => {
+                    return Ok(Stored {
+                        outcome,
+                        copied,
+                        copied_unchecked: md5_only,
+                    });
+                }
                 // A source that was deleted or changed, a server without copies: the
                 // upload was aborted; everything is sent instead.
                 Err(e) => tracing::warn!(
@@ -793,7 +807,11 @@ impl ObjectStore for S3Store {
             }
         }
         let outcome = self.put(name, path, metadata, mode, progress)?;
-        Ok(Stored { outcome, copied: 0 })
+        Ok(Stored {
+            outcome,
+            copied: 0,
+            copied_unchecked: 0,
+        })
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::util::TestStore;
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::tree::{
-    assert_same_tree, make_random_tree, make_sample_tree, make_turn_tree, random_bytes,
+    assert_same_tree, make_random_tree, make_sample_tree, make_turn_tree, random_bytes, write_file,
 };
 
 /// Every regular file under `dir`, recursively, with its size.
@@ -312,4 +312,45 @@ pub(super) fn turns_share_their_unchanged_files_in_the_cache(store: &TestStore) 
     assert_counters(&mount, 2, 0);
     drop(mount);
     assert!(distinct_bytes(&cache) <= 13 * file + 64 * 1024);
+}
+
+/// Eviction counts a shared file as freed once the last checkpoint using it goes,
+/// also when two of them go in one pass: it evicts no more than it must.
+pub(super) fn eviction_frees_shared_files_once_and_no_more(store: &TestStore) {
+    let work = repo_temp_dir("evict-shared-");
+    const MIB: usize = 1 << 20;
+    // 1 and 2 share a 1 MiB file; 3 and 4 have one each.
+    let files = [(1u64, 10u64), (1, 20), (2, 30), (3, 40)];
+    let shas: Vec<String> = files
+        .iter()
+        .enumerate()
+        .map(|(i, &(big, small))| {
+            let dir = work.path().join(format!("ckpt{i}"));
+            write_file(&dir.join("big.bin"), &random_bytes(MIB, big), 0o644);
+            write_file(
+                &dir.join("small.txt"),
+                format!("{small}\n").as_bytes(),
+                0o644,
+            );
+            store.put(&dir, &[]).0
+        })
+        .collect();
+    let cache = work.path().join("cache");
+    let mount = Mount::new(store)
+        .cache_dir(&cache)
+        .args(["--cache-size", "2700KiB"])
+        .start();
+    for (i, sha) in shas.iter().enumerate() {
+        let data = fs::read(mount.join(sha).join("big.bin")).unwrap();
+        assert!(data == random_bytes(MIB, files[i].0), "checkpoint {i}");
+    }
+    // 1, 2 and 3 held 2 MiB; 4 made it 3 MiB: evicting 1 and 2 frees 1 MiB, enough.
+    let cached = cached_checkpoints(&cache);
+    let status = mount.status();
+    assert!(
+        cached.contains(&shas[2]) && cached.contains(&shas[3]) && cached.len() == 2,
+        "{cached:?}\n{}",
+        status.text
+    );
+    assert!(status.cache_bytes <= 2700 * 1024, "{}", status.text);
 }

@@ -17,7 +17,7 @@ use crate::util::archive::{RawEntry, raw_tar_gz};
 use crate::util::proxy::CuttingProxy;
 use crate::util::tree::{
     assert_same_tree, list_paths, make_random_tree, make_sample_tree, make_small_tree,
-    make_turn_tree, set_mtime, write_file,
+    make_turn_tree, random_bytes, set_mtime, write_file,
 };
 use crate::util::{
     TestStore, ckptfs, describe, is_sha256_hex, logged_count, parse_put_output, parse_rfc3339_utc,
@@ -1136,4 +1136,74 @@ fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
     let restored = work.path().join("restored-4");
     store.get(&fourth, &restored);
     assert_same_tree(&tree, &restored);
+}
+
+/// Two 128-byte blocks with the same MD5 after the first 3,001,088 bytes of the
+/// archive of [`collision_tree`] (made with fastcoll for that prefix). Incompressible
+/// data is stored verbatim in deflate's stored blocks, so a staged file can place
+/// either block in an archive at an offset its author can predict.
+const C1: &str = "d537788d9f973e66331bb12868ea169436a2da3443f1b0621d5a82bed092a3c61dfac1edd8b217facb413c3a4012a16c54468acb2eba7d2bf2a4fcb14db8762e3f04420237a5afff5d95dd0bcde51a43ce0ba63d2f3a0016cd7716c9d9717db2317197ba5a138e237b90c0af8f89534a8062500e30f259003f6fe87d89320890";
+const C2: &str = "d537788d9f973e66331bb12868ea169436a2dab443f1b0621d5a82bed092a3c61dfac1edd8b217facb413c3a4092a16c54468acb2eba7d2bf2a4fc314db8762e3f04420237a5afff5d95dd0bcde51a43ce0ba6bd2f3a0016cd7716c9d9717db2317197ba5a138e237b90c0af8f09534a8062500e30f259003f6fe8fd89320890";
+const COLLISION_AT: usize = 3_001_088;
+
+/// One file, `F`: random bytes with [`C1`] where the archive puts it at
+/// [`COLLISION_AT`].
+fn collision_tree(dir: &Path) {
+    let mut data = random_bytes(3_000_019, 7);
+    data.extend_from_slice(&hex::decode(C1).unwrap());
+    data.extend_from_slice(&random_bytes((7 << 20) - 3_000_019, 8));
+    write_file(&dir.join("F"), &data, 0o644);
+    set_mtime(&dir.join("F"), 1_700_000_000);
+}
+
+/// An attacker who can write to the bucket swaps, in the object of turn N, a block
+/// for another with the same MD5; turn N+1 copies that range. The copied part's
+/// ETag (an MD5) matches the bytes expected, and moto gives no SHA-256 of a copied
+/// part: the object must be read back, found wrong, and replaced, never reported as
+/// stored with bytes that do not hash to its name.
+#[test]
+fn s3_a_copy_whose_md5_collides_is_caught_and_replaced() {
+    let store = TestStore::s3();
+    let work = temp_dir();
+    let cache = work.path().join("cache");
+    let put = |tree: &Path| {
+        run(ckptfs()
+            .args(["-v", "put"])
+            .arg(store.url())
+            .arg(tree)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--part-size", "5MiB"]))
+        .success()
+    };
+    let first = work.path().join("first");
+    collision_tree(&first);
+    let (sha, size) = parse_put_output(&put(&first));
+    let good = store.object_bytes(&sha).unwrap();
+    let (c1, c2) = (hex::decode(C1).unwrap(), hex::decode(C2).unwrap());
+    assert_eq!(
+        good[COLLISION_AT..COLLISION_AT + 128],
+        c1[..],
+        "the archive encoding moved the block: make a new collision for this test"
+    );
+    let mut planted = good.clone();
+    planted[COLLISION_AT..COLLISION_AT + 128].copy_from_slice(&c2);
+    let md5 = |b: &[u8]| hex::encode(<md5::Md5 as md5::Digest>::digest(b));
+    assert_eq!(md5(&planted), md5(&good), "the blocks must collide");
+    assert_ne!(sha256_hex(&planted), sha);
+    store.write_object_bytes(&sha, &planted, Some((&sha, size)));
+
+    let second = work.path().join("second");
+    collision_tree(&second);
+    write_file(&second.join("zz"), b"turn 2\n", 0o644);
+    let out = put(&second);
+    let (sha2, size2) = parse_put_output(&out);
+    assert!(
+        out.stderr.contains("replacing a damaged copy"),
+        "the colliding copy was not caught: {out}"
+    );
+    assert_stored(&store, &sha2, size2);
+    let restored = work.path().join("restored");
+    store.get(&sha2, &restored);
+    assert_same_tree(&second, &restored);
 }
