@@ -8,8 +8,8 @@
 //! used by no entry, and [`Blobs::collect`] deletes it.
 //!
 //! Invariants:
-//! - a blob is linked into an entry only if this process wrote it or hashed it again
-//!   to its name, so a blob damaged on disk is replaced, never spread to a new entry
+//! - a blob is linked into an entry only if this process wrote it or found it equal,
+//!   byte for byte, to the new file (whose bytes hashed to the blob's name), so a blob damaged on disk is replaced, never spread to a new entry
 //!   (entries found after a restart are checked file by file anyway). Within the
 //!   daemon's life, what it wrote into its private cache is trusted, as its entries
 //!   are; the digests it trusts are kept in memory, 32 bytes per blob;
@@ -26,11 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
-
 pub struct Blobs {
     dir: PathBuf,
-    /// The blobs whose bytes this process wrote or hashed; held while linking to a
+    /// The blobs whose bytes this process wrote or compared; held while linking to a
     /// blob and while deleting unused ones.
     trusted: Mutex<HashSet<[u8; 32]>>,
     bytes: AtomicU64,
@@ -78,7 +76,7 @@ impl Blobs {
         let meta = fs::symlink_metadata(&blob)?;
         let good = meta.file_type().is_file()
             && meta.len() == len
-            && (trusted.contains(digest) || sha256_of(&blob)? == *digest);
+            && (trusted.contains(digest) || same_bytes(&blob, file)?);
         if !good {
             tracing::warn!(blob = %blob.display(), "a shared cache file is damaged; replacing it");
             fs::remove_file(&blob)?;
@@ -130,14 +128,30 @@ fn digest_of_name(name: &std::ffi::OsStr) -> Option<[u8; 32]> {
     Some(digest)
 }
 
-fn sha256_of(path: &Path) -> io::Result<[u8; 32]> {
-    let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+/// Whether the two files hold the same bytes. The new file's bytes hashed to the
+/// blob's name as they were written, so this proves the blob still holds them,
+/// without hashing it again.
+fn same_bytes(a: &Path, b: &Path) -> io::Result<bool> {
+    let (mut a, mut b) = (File::open(a)?, File::open(b)?);
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     loop {
-        match file.read(&mut buf)? {
-            0 => return Ok(hasher.finalize().into()),
-            n => hasher.update(&buf[..n]),
+        let n = read_full(&mut a, &mut x)?;
+        if n != read_full(&mut b, &mut y)? || x[..n] != y[..n] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
         }
     }
+}
+
+fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
 }
