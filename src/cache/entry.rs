@@ -50,39 +50,29 @@ fn create_private(path: &Path) -> io::Result<File> {
 /// (which grows with the archive's names, not with its contents), and the files of
 /// its own that are not blobs (those count in the blob pool, once).
 pub(super) fn size_on_disk(dir: &Path) -> u64 {
-    own_files_linked(dir, 1) + unshared_size(dir)
+    let own: u64 = own_files(dir)
+        .filter(|m| m.nlink() == 1)
+        .map(|m| m.len())
+        .sum();
+    let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
+    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
+    own + pack + index
 }
 
 /// The entry's files of its own that are shared (blobs): inode, links, length.
 pub(super) fn shared_files(dir: &Path) -> Vec<(u64, u64, u64)> {
-    let files = fs::read_dir(dir.join("files"))
-        .into_iter()
-        .flatten()
-        .flatten();
-    files
-        .filter_map(|f| f.metadata().ok())
+    own_files(dir)
         .filter(|m| m.nlink() >= 2)
         .map(|m| (m.ino(), m.nlink(), m.len()))
         .collect()
 }
 
-fn unshared_size(dir: &Path) -> u64 {
-    let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
-    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
-    pack + index
-}
-
-/// The bytes of the entry's own files that have `links` hard links.
-fn own_files_linked(dir: &Path, links: u64) -> u64 {
+fn own_files(dir: &Path) -> impl Iterator<Item = fs::Metadata> {
     let files = fs::read_dir(dir.join("files"))
         .into_iter()
         .flatten()
         .flatten();
-    files
-        .filter_map(|f| f.metadata().ok())
-        .filter(|m| m.nlink() == links)
-        .map(|m| m.len())
-        .sum()
+    files.filter_map(|f| f.metadata().ok())
 }
 
 /// A checkpoint whose every byte was verified, ready to serve.

@@ -18,7 +18,7 @@
 //! checkpoint makes ours answer 412, which means the object is already there.
 //! A multipart upload that fails for any reason is aborted before the error returns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -146,13 +146,13 @@ impl S3Store {
         name: &str,
         path: &Path,
         size: u64,
-        metadata: &HashMap<String, String>,
+        metadata: &BTreeMap<String, String>,
         mode: PutMode,
     ) -> Result<PutOutcome, StoreError> {
         // Hashed here, from the bytes about to be sent (not from what a caller says).
         let checksum = {
             let owned = path.to_owned();
-            tokio::task::spawn_blocking(move || digests_of_range(&owned, 0, size))
+            tokio::task::spawn_blocking(move || digests_of_range(&owned, 0, size, false))
                 .await
                 .map_err(io::Error::other)
                 .and_then(|r| r)
@@ -167,7 +167,7 @@ impl S3Store {
             .put_object()
             .bucket(&self.bucket)
             .key(self.key(name))
-            .set_metadata(Some(metadata.clone()))
+            .set_metadata(Some(metadata.clone().into_iter().collect()))
             .set_if_none_match(if_absent(mode))
             .checksum_sha256(checksum)
             .body(body)
@@ -185,7 +185,7 @@ impl S3Store {
         name: &str,
         path: &Path,
         plan: &[Part],
-        metadata: &HashMap<String, String>,
+        metadata: &BTreeMap<String, String>,
         mode: PutMode,
         progress: Progress<'_>,
     ) -> Result<(PutOutcome, u64), StoreError> {
@@ -195,7 +195,7 @@ impl S3Store {
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(&key)
-            .set_metadata(Some(metadata.clone()))
+            .set_metadata(Some(metadata.clone().into_iter().collect()))
             .checksum_algorithm(ChecksumAlgorithm::Sha256)
             .send()
             .await
@@ -309,8 +309,9 @@ impl S3Store {
                     // other parts' transfers.
                     let (sha256, md5) = {
                         let path = path.clone();
+                        let copying = part.copy.is_some();
                         tokio::task::spawn_blocking(move || {
-                            digests_of_range(&path, part.offset, part.length)
+                            digests_of_range(&path, part.offset, part.length, copying)
                         })
                         .await
                         .map_err(io::Error::other)
@@ -364,6 +365,7 @@ impl S3Store {
                             let server_sha256 = result.and_then(|r| r.checksum_sha256());
                             // The source may have changed since it was recorded, or the
                             // hint be wrong: the copy must be exactly the file's bytes.
+                            let md5 = md5.unwrap_or_default();
                             if e_tag.as_deref().map(|t| t.trim_matches('"')) != Some(md5.as_str())
                                 || server_sha256.is_some_and(|c| c != sha256)
                             {
@@ -586,16 +588,22 @@ fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
     last.to_string()
 }
 
-/// The `x-amz-checksum-sha256` value (base64) and the MD5 (hex, what S3 answers as
-/// a part's ETag) of `path`'s bytes from `offset`, `length` of them.
-fn digests_of_range(path: &Path, offset: u64, length: u64) -> io::Result<(String, String)> {
+/// The `x-amz-checksum-sha256` value (base64) of `path`'s bytes from `offset`,
+/// `length` of them, and with `with_md5` their MD5 (hex: what S3 answers as the ETag
+/// of a copied part).
+fn digests_of_range(
+    path: &Path,
+    offset: u64,
+    length: u64,
+    with_md5: bool,
+) -> io::Result<(String, Option<String>)> {
     use sha2::{Digest, Sha256};
     use std::io::{Seek, SeekFrom};
     let mut file = std::fs::File::open(path)?;
     file.seek(SeekFrom::Start(offset))?;
     let mut part = file.take(length);
     let mut sha256 = Sha256::new();
-    let mut md5 = <md5::Md5 as md5::Digest>::new();
+    let mut md5 = with_md5.then(<md5::Md5 as md5::Digest>::new);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = part.read(&mut buf)?;
@@ -603,11 +611,13 @@ fn digests_of_range(path: &Path, offset: u64, length: u64) -> io::Result<(String
             break;
         }
         sha256.update(&buf[..n]);
-        md5::Digest::update(&mut md5, &buf[..n]);
+        if let Some(md5) = &mut md5 {
+            md5::Digest::update(md5, &buf[..n]);
+        }
     }
     Ok((
         aws_smithy_types::base64::encode(sha256.finalize()),
-        hex::encode(md5::Digest::finalize(md5)),
+        md5.map(|md5| hex::encode(md5::Digest::finalize(md5))),
     ))
 }
 
@@ -738,20 +748,14 @@ impl ObjectStore for S3Store {
         let size = std::fs::metadata(path)
             .map_err(|e| StoreError::io("stat", path, e))?
             .len();
-        let user_metadata: HashMap<String, String> = metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
         self.runtime.block_on(async {
             if size > self.part_size {
                 let plan = parts::plan(size, self.part_size, &[]);
-                self.put_multipart(name, path, &plan, &user_metadata, mode, progress)
+                self.put_multipart(name, path, &plan, metadata, mode, progress)
                     .await
                     .map(|(outcome, _)| outcome)
             } else {
-                let outcome = self
-                    .put_single(name, path, size, &user_metadata, mode)
-                    .await?;
+                let outcome = self.put_single(name, path, size, metadata, mode).await?;
                 progress(size, size);
                 Ok(outcome)
             }
@@ -777,18 +781,9 @@ impl ObjectStore for S3Store {
             .map(|p| p.length)
             .sum();
         if copied > 0 {
-            let user_metadata: HashMap<String, String> = metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let result = self.runtime.block_on(self.put_multipart(
-                name,
-                path,
-                &plan,
-                &user_metadata,
-                mode,
-                progress,
-            ));
+            let result = self
+                .runtime
+                .block_on(self.put_multipart(name, path, &plan, metadata, mode, progress));
             match result {
                 Ok((outcome, md5_only)) => {
                     return Ok(Stored {

@@ -20,9 +20,9 @@ use crate::util::tree::{
     make_turn_tree, random_bytes, set_mtime, write_file,
 };
 use crate::util::{
-    TestStore, ckptfs, describe, is_sha256_hex, logged_count, parse_put_output, parse_rfc3339_utc,
-    parse_verify_output, py_script, python, run, s3_endpoint, sha256_hex, temp_dir, unix_now,
-    wait_output,
+    Output, TestStore, ckptfs, describe, is_sha256_hex, logged_count, parse_put_output,
+    parse_rfc3339_utc, parse_verify_output, py_script, python, run, s3_endpoint, sha256_hex,
+    temp_dir, unix_now, wait_output,
 };
 
 macro_rules! both_stores {
@@ -979,6 +979,18 @@ fn s3_bucket_root_store_with_endpoint_flag() {
     assert_same_tree(&src, &dest);
 }
 
+/// `ckptfs -v put` of `tree` with its member cache (and layouts) in `cache`.
+fn put_cached(store: &TestStore, tree: &Path, cache: &Path, extra: &[&str]) -> Output {
+    run(ckptfs()
+        .args(["-v", "put"])
+        .arg(store.url())
+        .arg(tree)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(extra))
+    .success()
+}
+
 /// A second capture after a small change takes every unchanged gzip member from the
 /// member cache of the first, and writes the same bytes as a capture without it:
 /// restored by `get` and by `tar -xzf` alike.
@@ -1004,15 +1016,7 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
         }
     }
     let cache = work.path().join("cache");
-    let put = |tree: &Path| {
-        run(ckptfs()
-            .args(["-v", "put"])
-            .arg(store.url())
-            .arg(tree)
-            .arg("--cache-dir")
-            .arg(&cache))
-        .success()
-    };
+    let put = |tree: &Path| put_cached(store, tree, &cache, &[]);
     let first = put(&src);
     let members = logged_count(&first.stderr, "compressed");
     assert!(members >= 6, "{first}");
@@ -1067,14 +1071,7 @@ fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
     let work = temp_dir();
     let cache = work.path().join("cache");
     let put = |tree: &Path| {
-        let out = run(ckptfs()
-            .args(["-v", "put"])
-            .arg(store.url())
-            .arg(tree)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .args(["--part-size", "5MiB"]))
-        .success();
+        let out = put_cached(&store, tree, &cache, &["--part-size", "5MiB"]);
         let (sha, size) = parse_put_output(&out);
         assert_stored(&store, &sha, size);
         (sha, size, out)
@@ -1166,16 +1163,7 @@ fn s3_a_copy_whose_md5_collides_is_caught_and_replaced() {
     let store = TestStore::s3();
     let work = temp_dir();
     let cache = work.path().join("cache");
-    let put = |tree: &Path| {
-        run(ckptfs()
-            .args(["-v", "put"])
-            .arg(store.url())
-            .arg(tree)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .args(["--part-size", "5MiB"]))
-        .success()
-    };
+    let put = |tree: &Path| put_cached(&store, tree, &cache, &["--part-size", "5MiB"]);
     let first = work.path().join("first");
     collision_tree(&first);
     let (sha, size) = parse_put_output(&put(&first));
