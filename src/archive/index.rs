@@ -103,6 +103,9 @@ pub trait ContentSink {
     fn pack(&mut self, data: &[u8]) -> io::Result<u64>;
     /// A new file of its own for node `node`'s contents.
     fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>>;
+    /// Node `node`'s contents are the `len` bytes at `offset` of the tar stream
+    /// (called before they are read; the cache records it to rebuild members).
+    fn contents_at(&mut self, _node: u32, _offset: u64, _len: u64) {}
 }
 
 fn cache_error(cause: io::Error) -> ArchiveError {
@@ -120,6 +123,8 @@ struct Builder<'a> {
     /// Bytes of file contents written so far.
     unpacked: u64,
     default_mtime: i64,
+    /// For copying large files (one allocation per archive, not per file).
+    buf: Vec<u8>,
 }
 
 /// Reads the whole tar stream, writing file contents into `sink`. `default_mtime`
@@ -136,6 +141,7 @@ pub fn build(
         children: Vec::new(),
         unpacked: 0,
         default_mtime,
+        buf: Vec::new(),
     };
     builder.new_dir(0o755, 0, 0, default_mtime);
     super::for_each_entry(tar, limits, |entry, tally| builder.add(entry, tally))?;
@@ -251,6 +257,11 @@ impl Builder<'_> {
             },
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 let node = self.new_node(attrs(NodeKind::Symlink { target: Vec::new() }));
+                if kind != EntryType::GNUSparse {
+                    // Sparse contents are not the stream's bytes as they are.
+                    self.sink
+                        .contents_at(node, entry.raw_file_position(), entry.size());
+                }
                 let (size, location, checksum) = self.store_contents(entry, node, tally)?;
                 self.nodes[node as usize].kind = NodeKind::File {
                     size,
@@ -312,7 +323,6 @@ impl Builder<'_> {
         tally: &mut Tally,
     ) -> Result<(u64, FileLocation, u64), ArchiveError> {
         let mut hasher = Xxh3::new();
-        let mut buf = vec![0u8; 256 * 1024];
         // Small files are read whole first, so that they can go into the pack.
         let mut head = Vec::new();
         entry
@@ -327,10 +337,12 @@ impl Builder<'_> {
             self.unpacked += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
+        let buf = &mut self.buf;
+        buf.resize(256 * 1024, 0);
         let mut file = self.sink.own_file(node).map_err(cache_error)?;
         file.write_all(&head).map_err(cache_error)?;
         loop {
-            let n = match entry.read(&mut buf) {
+            let n = match entry.read(buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -7,6 +7,8 @@
 //! <entry>/files/<n>    large files, one each (passthrough backing files); each
 //!                      also linked as a blob when it is finished ([`super::blobs`]),
 //!                      or replaced by a link to the blob of the same content
+//! <entry>/members      the gzip members its load inflated, and how to rebuild their
+//!                      tar bytes from the files above ([`super::reuse`]; optional)
 //! ```
 //!
 //! Every file is 0600 in a 0700 directory. An entry is written in a private
@@ -16,7 +18,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -24,6 +26,7 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::blobs::Blobs;
+use super::reuse::{self, Recorder};
 use super::{CacheError, io_err, read_at};
 use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
 use crate::checkpoint::CheckpointId;
@@ -56,7 +59,8 @@ pub(super) fn size_on_disk(dir: &Path) -> u64 {
         .sum();
     let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
     let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
-    own + pack + index
+    let members = fs::metadata(dir.join("members")).map_or(0, |m| m.len());
+    own + pack + index + members
 }
 
 /// The entry's files of its own that are shared (blobs): inode, links, length.
@@ -128,6 +132,8 @@ pub struct PendingEntry {
     blobs: Arc<Blobs>,
     /// The files of its own written so far, with the SHA-256 of their bytes.
     own: Vec<(u32, [u8; 32])>,
+    /// Records the members of the archive being indexed, when it comes from one.
+    members: Option<Arc<Mutex<Recorder>>>,
 }
 
 impl PendingEntry {
@@ -143,7 +149,13 @@ impl PendingEntry {
             pack_len: 0,
             blobs,
             own: Vec::new(),
+            members: None,
         })
+    }
+
+    /// Records the archive's members as it is indexed, written with the entry.
+    pub(super) fn record_members(&mut self, recorder: Arc<Mutex<Recorder>>) {
+        self.members = Some(recorder);
     }
 
     fn dir(&self) -> &Path {
@@ -165,6 +177,18 @@ impl PendingEntry {
         for (node, digest) in std::mem::take(&mut self.own) {
             self.blobs.share(&own_file_path(&dir, node), &digest);
         }
+        if let Some(recorder) = self.members.take() {
+            let records = recorder
+                .lock()
+                .expect("member recorder lock")
+                .finish(&index);
+            let path = dir.join("members");
+            // Only a hint for later loads: without it, they inflate everything.
+            if let Err(e) = reuse::write_records(&path, &records) {
+                tracing::warn!(path = %path.display(), error = %e, "could not record members");
+                let _ = fs::remove_file(&path);
+            }
+        }
         write_index(&dir, &index)?;
         fs::rename(&dir, final_dir).map_err(io_err(final_dir))?;
         self.dir = None;
@@ -183,43 +207,106 @@ impl ContentSink for PendingEntry {
         Ok(offset)
     }
 
+    fn contents_at(&mut self, node: u32, offset: u64, len: u64) {
+        if let Some(recorder) = &self.members {
+            let mut recorder = recorder.lock().expect("member recorder lock");
+            recorder.contents_at(node, offset, len);
+        }
+    }
+
     fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>> {
-        let file = create_private(&own_file_path(self.dir(), node))?;
         Ok(Box::new(OwnFile {
-            file: BufWriter::with_capacity(256 * 1024, file),
+            path: own_file_path(self.dir(), node),
+            sink: OwnSink::Memory(Vec::new()),
             hasher: Sha256::new(),
             node,
+            blobs: &self.blobs,
             done: &mut self.own,
         }))
     }
 }
 
-/// A file of its own being written, hashed on the way for [`Blobs`]. It is listed
-/// for sharing when dropped; a file whose writing failed is never shared, since the
-/// whole entry is then discarded.
+/// Files up to this size are held in memory until they are complete: one whose blob
+/// is already in the pool is then linked to it, without a new file being written.
+const LINK_IN_MEMORY: usize = 1 << 20;
+
+enum OwnSink {
+    Memory(Vec<u8>),
+    File(BufWriter<File>),
+    /// Linked to the blob of its content.
+    Linked,
+}
+
+/// A file of its own being written, hashed on the way for [`Blobs`]. Once flushed,
+/// it is either a link to the blob of the same content or a file listed for sharing
+/// (when dropped); a file whose writing failed is never shared, since the whole entry
+/// is then discarded.
 struct OwnFile<'a> {
-    file: BufWriter<File>,
+    path: PathBuf,
+    sink: OwnSink,
     hasher: Sha256,
     node: u32,
+    blobs: &'a Blobs,
     done: &'a mut Vec<(u32, [u8; 32])>,
+}
+
+impl OwnFile<'_> {
+    fn spill(&mut self, data: &[u8]) -> io::Result<()> {
+        let mut file = BufWriter::with_capacity(256 * 1024, create_private(&self.path)?);
+        file.write_all(data)?;
+        self.sink = OwnSink::File(file);
+        Ok(())
+    }
 }
 
 impl Write for OwnFile<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(data)?;
-        self.hasher.update(&data[..n]);
-        Ok(n)
+        match &mut self.sink {
+            OwnSink::Memory(held) if held.len() + data.len() <= LINK_IN_MEMORY => {
+                held.extend_from_slice(data);
+            }
+            OwnSink::Memory(held) => {
+                let held = std::mem::take(held);
+                self.spill(&held)?;
+                return self.write(data);
+            }
+            OwnSink::File(file) => {
+                let n = file.write(data)?;
+                self.hasher.update(&data[..n]);
+                return Ok(n);
+            }
+            OwnSink::Linked => return Err(io::Error::other("written after it was complete")),
+        }
+        self.hasher.update(data);
+        Ok(data.len())
     }
 
+    /// Completes the file: called once, after its last byte.
     fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
+        match &mut self.sink {
+            OwnSink::File(file) => file.flush(),
+            OwnSink::Memory(held) => {
+                let held = std::mem::take(held);
+                let digest = self.hasher.clone().finalize().into();
+                if self.blobs.link_existing(&digest, &held, &self.path)? {
+                    self.sink = OwnSink::Linked;
+                    Ok(())
+                } else {
+                    self.spill(&held)?;
+                    self.flush()
+                }
+            }
+            OwnSink::Linked => Ok(()),
+        }
     }
 }
 
 impl Drop for OwnFile<'_> {
     fn drop(&mut self) {
-        let digest = std::mem::take(&mut self.hasher).finalize().into();
-        self.done.push((self.node, digest));
+        if let OwnSink::File(_) = self.sink {
+            let digest = std::mem::take(&mut self.hasher).finalize().into();
+            self.done.push((self.node, digest));
+        }
     }
 }
 

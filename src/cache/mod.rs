@@ -25,6 +25,7 @@
 
 pub mod blobs;
 pub mod entry;
+pub mod reuse;
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};
@@ -44,6 +45,10 @@ use crate::archive::index::{self, Index};
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::pipe::{PipeReader, pipe};
+use reuse::{Known, MemberReader, Recorder};
+
+/// Entries, used last, whose gzip members a load may rebuild instead of inflating.
+const REUSE_SOURCES: usize = 4;
 use crate::store::ObjectStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +108,8 @@ pub struct Cache {
     downloaded_bytes: AtomicU64,
     reuses: AtomicU64,
     evictions: AtomicU64,
+    reused_members: AtomicU64,
+    inflated_members: AtomicU64,
 }
 
 /// What the cache has done so far, for `.status`.
@@ -115,6 +122,9 @@ pub struct CacheStats {
     pub downloaded_bytes: u64,
     pub reuses: u64,
     pub evictions: u64,
+    /// Gzip members of downloads rebuilt from entries already here, not inflated.
+    pub reused_members: u64,
+    pub inflated_members: u64,
 }
 
 /// Creates `path` (and missing parents) as a directory only the daemon's user can
@@ -220,11 +230,23 @@ impl Cache {
             downloaded_bytes: AtomicU64::new(0),
             reuses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            reused_members: AtomicU64::new(0),
+            inflated_members: AtomicU64::new(0),
         })
     }
 
     fn entry_dir(&self, id: &CheckpointId) -> PathBuf {
         self.checkpoints.join(id.as_str())
+    }
+
+    /// The directories of the `n` entries used last.
+    fn recent_entries(&self, n: usize) -> Vec<PathBuf> {
+        let entries = self.entries.lock().expect("cache lock");
+        entries
+            .iter()
+            .take(n)
+            .map(|(id, _)| self.entry_dir(id))
+            .collect()
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -236,6 +258,8 @@ impl Cache {
             downloaded_bytes: self.downloaded_bytes.load(Ordering::Relaxed),
             reuses: self.reuses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
+            reused_members: self.reused_members.load(Ordering::Relaxed),
+            inflated_members: self.inflated_members.load(Ordering::Relaxed),
         }
     }
 
@@ -276,12 +300,27 @@ impl Cache {
         default_mtime: i64,
     ) -> Result<Arc<VerifiedCheckpoint>, CacheError> {
         let mut pending = self.begin()?;
+        let recorder = Arc::new(Mutex::new(Recorder::default()));
+        pending.record_members(Arc::clone(&recorder));
+        let known = Known::read(self.recent_entries(REUSE_SOURCES));
         let (chunks, verdict) = read_ahead(reader);
         let built = index::build(
-            flate2::read::MultiGzDecoder::new(chunks),
+            MemberReader::new(chunks, known, Arc::clone(&recorder)),
             &mut pending,
             limits,
             default_mtime,
+        );
+        let counts = recorder.lock().expect("member recorder lock").counts();
+        self.reused_members
+            .fetch_add(counts.reused, Ordering::Relaxed);
+        self.inflated_members
+            .fetch_add(counts.inflated, Ordering::Relaxed);
+        tracing::debug!(
+            checkpoint = %id,
+            reused = counts.reused,
+            inflated = counts.inflated,
+            stale = counts.stale,
+            "gzip members"
         );
         // The object's own verdict comes first: a corrupt or cut object also makes the
         // tar reader fail, and the user must hear "checksum mismatch", not "bad gzip".

@@ -40,6 +40,10 @@ pub fn render(
         "# downloaded: {} bytes; evicted: {}; seals: {} sealed, {} failed; I/O errors: {}\n",
         cache.downloaded_bytes, cache.evictions, seals.succeeded, seals.failed, io_errors,
     );
+    text += &format!(
+        "# gzip members of downloads: {} rebuilt from the cache, {} inflated\n",
+        cache.reused_members, cache.inflated_members,
+    );
     if loads_waiting > 0 {
         text += &format!("# loads waiting for a loader: {loads_waiting}\n");
     }
@@ -85,6 +89,9 @@ pub struct Counters {
     pub loaded_from_cache: u64,
     pub loads_waiting: u64,
     pub downloaded_bytes: u64,
+    /// Gzip members of downloads rebuilt from the cache, and inflated.
+    pub members_rebuilt: u64,
+    pub members_inflated: u64,
     pub evictions: u64,
     pub seals_sealed: u64,
     pub seals_failed: u64,
@@ -151,6 +158,11 @@ pub fn parse(text: &str) -> Report {
                     c.seals_sealed = sealed;
                     c.seals_failed = failed;
                     c.io_errors = errors;
+                }
+            } else if let Some(counts) = rest.strip_prefix("gzip members of downloads: ") {
+                if let [reused, inflated] = numbers(counts)[..] {
+                    report.counters.members_rebuilt = reused;
+                    report.counters.members_inflated = inflated;
                 }
             } else if let Some(n) = rest.strip_prefix("loads waiting for a loader: ") {
                 report.counters.loads_waiting = n.trim().parse().unwrap_or(0);

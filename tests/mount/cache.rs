@@ -314,6 +314,75 @@ pub(super) fn turns_share_their_unchanged_files_in_the_cache(store: &TestStore) 
     assert!(distinct_bytes(&cache) <= 13 * file + 64 * 1024);
 }
 
+/// (rebuilt, inflated) gzip members of the mount's downloads, from `.status`.
+fn members_rebuilt(mount: &MountedStore) -> (u64, u64) {
+    let text = mount.status_text();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# gzip members of downloads: "))
+        .unwrap_or_else(|| panic!("no member counts in .status:\n{text}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    (numbers[0], numbers[1])
+}
+
+/// A fresh mount whose cache holds turn N opens turn N+1 by rebuilding the gzip
+/// members the two share from turn N's files instead of inflating them, and shows
+/// exactly turn N+1; with turn N's files damaged on disk meanwhile, it inflates them
+/// and still shows exactly turn N+1.
+pub(super) fn turn_n_plus_1_is_rebuilt_from_turn_n_in_the_cache(store: &TestStore) {
+    let work = repo_temp_dir("rebuild-");
+    let trees: Vec<PathBuf> = (0..2)
+        .map(|turn| {
+            let dir = work.path().join(format!("turn{turn}"));
+            make_turn_tree(&dir, 12, (turn == 1).then_some(4));
+            dir
+        })
+        .collect();
+    let shas: Vec<String> = trees.iter().map(|t| store.put(t, &[]).0).collect();
+    let cache = work.path().join("cache");
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&trees[0], &mount.join(&shas[0]));
+    let (rebuilt, members) = members_rebuilt(&mount);
+    assert_eq!(rebuilt, 0);
+    assert!(members >= 10, "about one member per file: {members}");
+    drop(mount);
+    let damaged = work.path().join("damaged");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&cache)
+        .arg(&damaged)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+
+    let mount = Mount::new(store).cache_dir(&cache).start();
+    assert_same_tree(&trees[1], &mount.join(&shas[1]));
+    let (rebuilt, inflated) = members_rebuilt(&mount);
+    assert_eq!(
+        rebuilt + inflated,
+        members,
+        "the two turns have as many members"
+    );
+    assert!(
+        rebuilt >= members - 3,
+        "{rebuilt} of {members} members rebuilt (one file changed):\n{}",
+        mount.log_text()
+    );
+    drop(mount);
+
+    let entry = damaged.join("checkpoints").join(&shas[0]);
+    for (path, _) in files_under(&entry.join("files")) {
+        corrupt_same_length(&path);
+    }
+    let mount = Mount::new(store).cache_dir(&damaged).start();
+    assert_same_tree(&trees[1], &mount.join(&shas[1]));
+    assert_eq!(members_rebuilt(&mount).0, 0, "{}", mount.log_text());
+}
+
 /// Eviction counts a shared file as freed once the last checkpoint using it goes,
 /// also when two of them go in one pass: it evicts no more than it must.
 pub(super) fn eviction_frees_shared_files_once_and_no_more(store: &TestStore) {

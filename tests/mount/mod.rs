@@ -55,5 +55,6 @@ both_stores!(
     cache::eviction_keeps_the_cache_under_its_bound,
     cache::a_checkpoint_larger_than_the_cache_still_reads,
     cache::turns_share_their_unchanged_files_in_the_cache,
+    cache::turn_n_plus_1_is_rebuilt_from_turn_n_in_the_cache,
     cache::eviction_frees_shared_files_once_and_no_more,
 );

@@ -1,0 +1,969 @@
+//! Loading turn N+1 knowing turn N: gzip members the cache already unpacked are not
+//! inflated again.
+//!
+//! Capture cuts an archive into gzip members where the tree says, not where offsets
+//! fall (see `crate::archive::gz`), so turn N+1 is mostly made of turn N's members,
+//! byte for byte. While a checkpoint is downloaded and hashed (all of it, always,
+//! before anything is shown: this module changes how the tar stream is obtained, never
+//! what is checked), [`MemberReader`] turns the compressed stream into the tar stream
+//! the indexer reads, member by member. At each member boundary it looks for a member
+//! that an entry of the cache recorded: when the next compressed bytes are exactly
+//! that member (same length, same SHA-256), its tar bytes are put together again from
+//! that entry's files instead of being inflated. Every other member is inflated.
+//!
+//! Each entry records its members in `<entry>/members` ([`MemberRecord`]: the
+//! SHA-256 of the compressed bytes, the length and xxh3-128 of the tar bytes they
+//! inflated to, and those tar bytes as segments: raw bytes for headers and padding,
+//! ranges of the entry's pack and files for contents).
+//!
+//! Invariants:
+//! - the tar stream handed to the indexer is byte for byte the one inflation gives: a
+//!   member is reused only if its compressed bytes have the SHA-256 of one this cache
+//!   inflated itself, and the bytes rebuilt from disk must have the length and
+//!   xxh3-128 of what it inflated to, else the member is inflated after all. Nothing
+//!   the archive says (no size field in a gzip header) places a boundary: boundaries
+//!   are where inflation of the previous member ended;
+//! - the indexer reads the stream as a whole, so tar's context (pax headers, hard
+//!   links, later duplicates) means what it means in the new archive;
+//! - records are hints: a missing, damaged or stale record, or an entry evicted
+//!   meanwhile, costs an inflation, never a wrong byte;
+//! - memory is bounded: at most [`MAX_PEEK`] compressed bytes are looked ahead, and a
+//!   member's tar bytes are kept for its record only up to [`MAX_RECORDED`].
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File};
+use std::io::{self, BufRead, Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+
+use crate::archive::index::{FileLocation, Index, NodeKind};
+
+/// Compressed bytes hashed to find candidates (members shorter are not recorded).
+const PREFIX: usize = 256;
+/// The longest member looked ahead for, and so recorded, compressed.
+pub const MAX_PEEK: usize = 4 << 20;
+/// The most tar bytes of one member kept until its record is made.
+pub const MAX_RECORDED: usize = 4 << 20;
+/// Zero runs at least this long are recorded by their length.
+const ZERO_RUN: usize = 32;
+/// A `members` file larger than this is not read.
+const MAX_RECORDS_FILE: u64 = 64 << 20;
+
+/// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
+/// from that entry's files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberRecord {
+    /// xxh3 of the first [`PREFIX`] compressed bytes: how candidates are found.
+    prefix: u64,
+    compressed: [u8; 32],
+    compressed_len: u64,
+    tar_len: u64,
+    tar_hash: u128,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+enum Segment {
+    Raw(Vec<u8>),
+    Zeros(u64),
+    /// A range of the entry's pack.
+    Packed {
+        offset: u64,
+        len: u64,
+    },
+    /// A range of the entry's file of its own for `node`.
+    Own {
+        node: u32,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// Counts of one load.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReuseCounts {
+    /// Members rebuilt from an entry of the cache.
+    pub reused: u64,
+    /// Members inflated.
+    pub inflated: u64,
+    /// Members whose record matched but whose rebuilt bytes did not (then inflated).
+    pub stale: u64,
+}
+
+// --- recording -----------------------------------------------------------------------
+
+/// A member inflated or rebuilt during this load, waiting for the indexer to have
+/// said where the contents inside it went.
+struct Unfinished {
+    prefix: u64,
+    compressed: [u8; 32],
+    compressed_len: u64,
+    start: u64,
+    tar: Vec<u8>,
+}
+
+enum Piece {
+    Raw(Vec<u8>),
+    Zeros(u64),
+    Contents { node: u32, offset: u64, len: u64 },
+}
+
+struct Unresolved {
+    prefix: u64,
+    compressed: [u8; 32],
+    compressed_len: u64,
+    tar_len: u64,
+    tar_hash: u128,
+    pieces: Vec<Piece>,
+}
+
+/// Collects the records of the entry being loaded: the reader hands it members, the
+/// indexer (through the entry's content sink) says where file contents start in the
+/// tar stream and which node holds them.
+#[derive(Default)]
+pub struct Recorder {
+    members: VecDeque<Unfinished>,
+    /// (tar offset, length, node) of file contents, in stream order.
+    contents: VecDeque<(u64, u64, u32)>,
+    done: Vec<Unresolved>,
+    counts: ReuseCounts,
+}
+
+impl Recorder {
+    pub fn counts(&self) -> ReuseCounts {
+        self.counts
+    }
+
+    /// Node `node`'s contents are the `len` tar bytes at `offset`.
+    pub fn contents_at(&mut self, node: u32, offset: u64, len: u64) {
+        if len > 0 {
+            self.contents.push_back((offset, len, node));
+        }
+    }
+
+    fn member(&mut self, member: Unfinished) {
+        self.members.push_back(member);
+    }
+
+    /// Makes the records of the members that end at or before `offset`: the indexer
+    /// has read past them, so it has said where every content inside them went.
+    fn finish_through(&mut self, offset: u64) {
+        while let Some(member) = self.members.front() {
+            if member.start + member.tar.len() as u64 > offset {
+                break;
+            }
+            let member = self.members.pop_front().expect("a front member");
+            self.finish_member(member);
+        }
+    }
+
+    fn finish_member(&mut self, member: Unfinished) {
+        let end = member.start + member.tar.len() as u64;
+        let mut pieces = Vec::new();
+        let mut at = member.start;
+        for &(offset, len, node) in &self.contents {
+            if offset >= end {
+                break;
+            }
+            let (from, to) = (offset.max(at), (offset + len).min(end));
+            if from >= to {
+                continue;
+            }
+            raw_pieces(
+                &member.tar[(at - member.start) as usize..(from - member.start) as usize],
+                &mut pieces,
+            );
+            pieces.push(Piece::Contents {
+                node,
+                offset: from - offset,
+                len: to - from,
+            });
+            at = to;
+        }
+        raw_pieces(&member.tar[(at - member.start) as usize..], &mut pieces);
+        while self.contents.front().is_some_and(|&(o, l, _)| o + l <= end) {
+            self.contents.pop_front();
+        }
+        self.done.push(Unresolved {
+            prefix: member.prefix,
+            compressed: member.compressed,
+            compressed_len: member.compressed_len,
+            tar_len: member.tar.len() as u64,
+            tar_hash: xxh3_128(&member.tar),
+            pieces,
+        });
+    }
+
+    /// The records, with contents located in the entry by its finished index.
+    pub fn finish(&mut self, index: &Index) -> Vec<MemberRecord> {
+        self.finish_through(u64::MAX);
+        let locate = |piece: &Piece| -> Option<Segment> {
+            Some(match *piece {
+                Piece::Raw(ref bytes) => Segment::Raw(bytes.clone()),
+                Piece::Zeros(len) => Segment::Zeros(len),
+                Piece::Contents { node, offset, len } => match &index.node(node)?.kind {
+                    NodeKind::File {
+                        location: FileLocation::Packed { offset: start },
+                        ..
+                    } => Segment::Packed {
+                        offset: start + offset,
+                        len,
+                    },
+                    NodeKind::File {
+                        location: FileLocation::Own,
+                        ..
+                    } => Segment::Own { node, offset, len },
+                    _ => return None,
+                },
+            })
+        };
+        std::mem::take(&mut self.done)
+            .into_iter()
+            .filter_map(|m| {
+                Some(MemberRecord {
+                    prefix: m.prefix,
+                    compressed: m.compressed,
+                    compressed_len: m.compressed_len,
+                    tar_len: m.tar_len,
+                    tar_hash: m.tar_hash,
+                    segments: m.pieces.iter().map(locate).collect::<Option<_>>()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Splits raw tar bytes into runs of zeros (padding, empty header fields) and the rest.
+fn raw_pieces(mut bytes: &[u8], out: &mut Vec<Piece>) {
+    while !bytes.is_empty() {
+        let zeros = bytes.iter().take_while(|&&b| b == 0).count();
+        if zeros >= ZERO_RUN || zeros == bytes.len() {
+            out.push(Piece::Zeros(zeros as u64));
+            bytes = &bytes[zeros..];
+            continue;
+        }
+        // Up to the next run of zeros long enough to be worth its own piece.
+        let mut end = zeros;
+        while end < bytes.len() {
+            let run = bytes[end..].iter().take_while(|&&b| b == 0).count();
+            if run >= ZERO_RUN || end + run == bytes.len() && run > 0 {
+                break;
+            }
+            end += run.max(1);
+        }
+        match out.last_mut() {
+            Some(Piece::Raw(raw)) => raw.extend_from_slice(&bytes[..end]),
+            _ => out.push(Piece::Raw(bytes[..end].to_vec())),
+        }
+        bytes = &bytes[end..];
+    }
+}
+
+/// Writes an entry's records, with a checksum like its index.
+pub fn write_records(path: &Path, records: &[MemberRecord]) -> io::Result<()> {
+    let bytes = postcard::to_stdvec(records).map_err(io::Error::other)?;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(&bytes)?;
+    file.write_all(&xxh3_64(&bytes).to_le_bytes())
+}
+
+fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
+    let file = File::open(path)?;
+    if file.metadata()?.len() > MAX_RECORDS_FILE {
+        return Err(io::Error::other("too large"));
+    }
+    let mut bytes = Vec::new();
+    (&file).read_to_end(&mut bytes)?;
+    let damaged = || io::Error::new(io::ErrorKind::InvalidData, "damaged");
+    if bytes.len() < 8 {
+        return Err(damaged());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if xxh3_64(body).to_le_bytes() != sum {
+        return Err(damaged());
+    }
+    postcard::from_bytes(body).map_err(|_| damaged())
+}
+
+// --- what the cache holds ------------------------------------------------------------
+
+struct KnownEntry {
+    dir: PathBuf,
+    records: Vec<MemberRecord>,
+    pack: Option<File>,
+}
+
+/// The members recorded by some entries of the cache, found by their first bytes.
+#[derive(Default)]
+pub struct Known {
+    entries: Vec<KnownEntry>,
+    by_prefix: HashMap<u64, Vec<(u32, u32)>>,
+}
+
+impl Known {
+    /// Reads the records of the entries in `dirs`; an entry without readable records
+    /// is left out.
+    pub fn read(dirs: impl IntoIterator<Item = PathBuf>) -> Known {
+        let mut known = Known::default();
+        for dir in dirs {
+            let path = dir.join("members");
+            let records = match read_records(&path) {
+                Ok(records) => records,
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        tracing::debug!(path = %path.display(), error = %e, "member records not used");
+                    }
+                    continue;
+                }
+            };
+            let at = known.entries.len() as u32;
+            for (i, record) in records.iter().enumerate() {
+                let len = record.compressed_len as usize;
+                if (PREFIX..=MAX_PEEK).contains(&len) {
+                    // The key is of the first bytes, so it is checked again in full.
+                    let candidates = known.by_prefix.entry(record.prefix).or_default();
+                    candidates.push((at, i as u32));
+                }
+            }
+            known.entries.push(KnownEntry {
+                dir,
+                records,
+                pack: None,
+            });
+        }
+        known
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_prefix.is_empty()
+    }
+}
+
+/// Rebuilds a member's tar bytes from the entry in `dir` that recorded it.
+fn rebuild(dir: &Path, pack: &mut Option<File>, record: &MemberRecord) -> io::Result<Vec<u8>> {
+    let too_long = || io::Error::new(io::ErrorKind::InvalidData, "record longer than its member");
+    if record.tar_len > MAX_RECORDED as u64 {
+        return Err(too_long());
+    }
+    let mut tar = Vec::with_capacity(record.tar_len as usize);
+    for segment in &record.segments {
+        let len = match segment {
+            Segment::Raw(bytes) => bytes.len() as u64,
+            Segment::Zeros(len) | Segment::Packed { len, .. } | Segment::Own { len, .. } => *len,
+        };
+        if tar.len() as u64 + len > record.tar_len {
+            return Err(too_long());
+        }
+        let at = tar.len();
+        match segment {
+            Segment::Raw(bytes) => tar.extend_from_slice(bytes),
+            Segment::Zeros(len) => tar.resize(at + *len as usize, 0),
+            Segment::Packed { offset, len } => {
+                if pack.is_none() {
+                    *pack = Some(File::open(dir.join("pack"))?);
+                }
+                let file = pack.as_ref().expect("opened above");
+                append_range(file, *offset, *len, &mut tar)?;
+            }
+            Segment::Own { node, offset, len } => {
+                let file = File::open(dir.join("files").join(node.to_string()))?;
+                append_range(&file, *offset, *len, &mut tar)?;
+            }
+        }
+        if tar.len() != at + len as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shorter than recorded",
+            ));
+        }
+    }
+    Ok(tar)
+}
+
+/// Appends `len` bytes of `file` at `offset` to `out` (without zeroing them first).
+fn append_range(mut file: &File, offset: u64, len: u64, out: &mut Vec<u8>) -> io::Result<()> {
+    file.seek(io::SeekFrom::Start(offset))?;
+    file.take(len).read_to_end(out)?;
+    Ok(())
+}
+
+// --- reading -------------------------------------------------------------------------
+
+/// The compressed stream, buffered so that the next member can be looked at before it
+/// is taken; hashes what inflation takes of it, member by member.
+struct Input<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    hasher: Sha256,
+    taken: u64,
+    head: Vec<u8>,
+}
+
+fn read_some(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
+
+impl<R: Read> Input<R> {
+    fn new(inner: R) -> Self {
+        Input {
+            inner,
+            buf: vec![0; 256 << 10],
+            start: 0,
+            end: 0,
+            eof: false,
+            hasher: Sha256::new(),
+            taken: 0,
+            head: Vec::with_capacity(PREFIX),
+        }
+    }
+
+    /// The next `n` bytes, fewer only at the end of the stream (`n` ≤ [`MAX_PEEK`]).
+    fn peek(&mut self, n: usize) -> io::Result<&[u8]> {
+        while self.end - self.start < n && !self.eof {
+            if self.buf.len() - self.start < n {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                if self.buf.len() < n {
+                    self.buf.resize(n, 0);
+                }
+            }
+            let got = read_some(&mut self.inner, &mut self.buf[self.end..])?;
+            if got == 0 {
+                self.eof = true;
+            }
+            self.end += got;
+        }
+        let n = n.min(self.end - self.start);
+        Ok(&self.buf[self.start..self.start + n])
+    }
+
+    /// Steps over `n` bytes [`Input::peek`] returned.
+    fn skip(&mut self, n: usize) {
+        self.start += n;
+    }
+
+    /// The SHA-256, length and prefix key of what was taken since the last call.
+    fn member_taken(&mut self) -> ([u8; 32], u64, u64) {
+        let digest = std::mem::take(&mut self.hasher).finalize().into();
+        let prefix = xxh3_64(&self.head);
+        self.head.clear();
+        (digest, std::mem::take(&mut self.taken), prefix)
+    }
+}
+
+impl<R: Read> BufRead for Input<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.start == self.end && !self.eof {
+            (self.start, self.end) = (0, 0);
+            let got = read_some(&mut self.inner, &mut self.buf)?;
+            if got == 0 {
+                self.eof = true;
+            }
+            self.end = got;
+        }
+        Ok(&self.buf[self.start..self.end])
+    }
+
+    fn consume(&mut self, n: usize) {
+        let taken = &self.buf[self.start..self.start + n];
+        self.hasher.update(taken);
+        let want = (PREFIX - self.head.len()).min(n);
+        self.head.extend_from_slice(&taken[..want]);
+        self.taken += n as u64;
+        self.start += n;
+    }
+}
+
+impl<R: Read> Read for Input<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(out.len());
+        out[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+enum State<R: Read> {
+    /// Between members, or before the first.
+    Boundary,
+    Rebuilt {
+        tar: Vec<u8>,
+        at: usize,
+    },
+    Inflating {
+        decoder: Box<flate2::bufread::GzDecoder<Input<R>>>,
+        start: u64,
+        /// The tar bytes so far, for the member's record (`None` past [`MAX_RECORDED`]).
+        tar: Option<Vec<u8>>,
+    },
+    Done,
+}
+
+/// The tar stream of a gzip stream of one or more members, as flate2's
+/// `MultiGzDecoder` gives it, with members the cache knows rebuilt instead of
+/// inflated (see the module comment).
+pub struct MemberReader<R: Read> {
+    /// `None` while a member is inflated (the decoder owns it).
+    input: Option<Input<R>>,
+    state: State<R>,
+    known: Known,
+    recorder: Arc<Mutex<Recorder>>,
+    /// Tar bytes handed out so far.
+    served: u64,
+    started: bool,
+}
+
+impl<R: Read> MemberReader<R> {
+    pub fn new(compressed: R, known: Known, recorder: Arc<Mutex<Recorder>>) -> Self {
+        MemberReader {
+            input: Some(Input::new(compressed)),
+            state: State::Boundary,
+            known,
+            recorder,
+            served: 0,
+            started: false,
+        }
+    }
+
+    fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.recorder.lock().expect("member recorder lock")
+    }
+
+    /// The tar bytes of the next member if the cache has them: its compressed bytes
+    /// are taken from the input only then.
+    fn rebuild_next(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let input = self.input.as_mut().expect("the input, between members");
+        let Known { entries, by_prefix } = &mut self.known;
+        if by_prefix.is_empty() {
+            return Ok(None);
+        }
+        let head = input.peek(PREFIX)?;
+        if head.len() < PREFIX {
+            return Ok(None);
+        }
+        let Some(candidates) = by_prefix.get(&xxh3_64(head)) else {
+            return Ok(None);
+        };
+        for &(entry, record) in candidates {
+            let KnownEntry { dir, records, pack } = &mut entries[entry as usize];
+            let record = &records[record as usize];
+            let len = record.compressed_len as usize;
+            let bytes = input.peek(len)?;
+            if bytes.len() < len || Sha256::digest(&bytes[..len])[..] != record.compressed {
+                continue;
+            }
+            match rebuild(dir, pack, record) {
+                Ok(tar)
+                    if tar.len() as u64 == record.tar_len && xxh3_128(&tar) == record.tar_hash =>
+                {
+                    input.skip(len);
+                    let mut recorder = self.recorder.lock().expect("member recorder lock");
+                    recorder.counts.reused += 1;
+                    recorder.member(Unfinished {
+                        prefix: record.prefix,
+                        compressed: record.compressed,
+                        compressed_len: record.compressed_len,
+                        start: self.served,
+                        tar: tar.clone(),
+                    });
+                    return Ok(Some(tar));
+                }
+                Ok(_) => {
+                    tracing::debug!(entry = %dir.display(), "a recorded member did not rebuild to its bytes; inflating it");
+                    self.recorder
+                        .lock()
+                        .expect("member recorder lock")
+                        .counts
+                        .stale += 1;
+                }
+                Err(e) => {
+                    tracing::debug!(entry = %dir.display(), error = %e, "a recorded member could not be rebuilt; inflating it");
+                    self.recorder
+                        .lock()
+                        .expect("member recorder lock")
+                        .counts
+                        .stale += 1;
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl<R: Read> Read for MemberReader<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            match &mut self.state {
+                State::Done => return Ok(0),
+                State::Rebuilt { tar, at } => {
+                    if *at < tar.len() {
+                        let n = (tar.len() - *at).min(out.len());
+                        out[..n].copy_from_slice(&tar[*at..*at + n]);
+                        *at += n;
+                        self.served += n as u64;
+                        return Ok(n);
+                    }
+                    self.state = State::Boundary;
+                }
+                State::Inflating { decoder, tar, .. } => {
+                    let n = decoder.read(out)?;
+                    if n > 0 {
+                        if let Some(kept) = tar {
+                            if kept.len() + n <= MAX_RECORDED {
+                                kept.extend_from_slice(&out[..n]);
+                            } else {
+                                *tar = None;
+                            }
+                        }
+                        self.served += n as u64;
+                        return Ok(n);
+                    }
+                    let State::Inflating {
+                        decoder,
+                        start,
+                        tar,
+                    } = std::mem::replace(&mut self.state, State::Boundary)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    let mut input = decoder.into_inner();
+                    let (compressed, compressed_len, prefix) = input.member_taken();
+                    self.input = Some(input);
+                    let mut recorder = self.recorder();
+                    recorder.counts.inflated += 1;
+                    let recordable = (PREFIX as u64..=MAX_PEEK as u64).contains(&compressed_len);
+                    if let Some(tar) = tar.filter(|_| recordable) {
+                        recorder.member(Unfinished {
+                            prefix,
+                            compressed,
+                            compressed_len,
+                            start,
+                            tar,
+                        });
+                    }
+                }
+                State::Boundary => {
+                    // The indexer asks for more: it has read every member before.
+                    let served = self.served;
+                    self.recorder().finish_through(served);
+                    let input = self.input.as_mut().expect("the input, between members");
+                    // As MultiGzDecoder: the stream ends where a member ends and
+                    // nothing follows; the first member is inflated whatever it is.
+                    if self.started && input.fill_buf()?.is_empty() {
+                        self.state = State::Done;
+                        return Ok(0);
+                    }
+                    self.started = true;
+                    self.state = match self.rebuild_next()? {
+                        Some(tar) => State::Rebuilt { tar, at: 0 },
+                        None => State::Inflating {
+                            decoder: Box::new(flate2::bufread::GzDecoder::new(
+                                self.input.take().expect("the input, between members"),
+                            )),
+                            start: self.served,
+                            tar: Some(Vec::new()),
+                        },
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::os::fd::AsFd;
+
+    use flate2::{Compression, GzBuilder};
+
+    use super::*;
+    use crate::archive::Limits;
+    use crate::archive::writer::{WriterOptions, WrittenArchive, write_archive};
+    use crate::cache::{Cache, VerifiedCheckpoint};
+    use crate::checkpoint::{self, CheckpointId};
+    use crate::store::local::LocalStore;
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut gz = GzBuilder::new()
+            .mtime(0)
+            .write(Vec::new(), Compression::default());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    }
+
+    /// Stores `bytes` as a checkpoint; returns its id.
+    fn store_bytes(store: &LocalStore, bytes: &[u8]) -> CheckpointId {
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        fs::write(file.path(), bytes).unwrap();
+        let written = WrittenArchive {
+            sha256: sha256.clone(),
+            size: bytes.len() as u64,
+            members: Vec::new(),
+        };
+        checkpoint::store_archive(store, file.path(), &written, None, &|_, _| {}).unwrap();
+        CheckpointId::parse(&sha256).unwrap()
+    }
+
+    /// A workspace: small text files, large noisy ones, directories; `turn` changes
+    /// one file and adds one.
+    fn workspace(dir: &Path, turn: u64) -> Vec<u8> {
+        for i in 0..120u64 {
+            let sub = dir.join(format!("d{}", i % 7));
+            fs::create_dir_all(&sub).unwrap();
+            let data = if i % 10 == 0 {
+                noise(150_000 + i as usize * 997, i)
+            } else {
+                format!("line {i}\n")
+                    .repeat(200 + i as usize * 13)
+                    .into_bytes()
+            };
+            fs::write(sub.join(format!("f{i}")), data).unwrap();
+        }
+        if turn > 0 {
+            fs::write(dir.join("d3/f45"), format!("edited in turn {turn}\n")).unwrap();
+            fs::write(dir.join(format!("new{turn}")), noise(20_000, turn)).unwrap();
+        }
+        let root = File::open(dir).unwrap();
+        let options = WriterOptions {
+            max_size: u64::MAX,
+            max_unpacked: u64::MAX,
+            threads: 2,
+            members: None,
+        };
+        let mut out = Vec::new();
+        write_archive(root.as_fd(), &mut out, &options).unwrap();
+        out
+    }
+
+    fn load(cache: &Cache, store: &LocalStore, id: &CheckpointId) -> Arc<VerifiedCheckpoint> {
+        cache.load(store, id, u64::MAX, Limits::DEFAULT, 0).unwrap()
+    }
+
+    /// Every file's bytes, by node.
+    fn contents(checkpoint: &VerifiedCheckpoint) -> Vec<Vec<u8>> {
+        let mut all = Vec::new();
+        for (node, entry) in checkpoint.index.nodes.iter().enumerate() {
+            if let NodeKind::File { size, location, .. } = entry.kind {
+                all.push(match location {
+                    FileLocation::Packed { offset } => {
+                        checkpoint.read_packed(offset, 0, size as usize).unwrap()
+                    }
+                    FileLocation::Own => {
+                        let mut data = Vec::new();
+                        let mut file = checkpoint.open_own(node as u32).unwrap();
+                        file.read_to_end(&mut data).unwrap();
+                        data
+                    }
+                });
+            }
+        }
+        all
+    }
+
+    /// Loads `id` into a cache of its own, inflating everything: what a load must give.
+    fn fresh(store: &LocalStore, id: &CheckpointId) -> (Index, Vec<Vec<u8>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path(), u64::MAX).unwrap();
+        let checkpoint = load(&cache, store, id);
+        assert_eq!(cache.stats().reused_members, 0);
+        (checkpoint.index.clone(), contents(&checkpoint))
+    }
+
+    #[test]
+    fn a_turn_is_rebuilt_from_the_members_of_the_turn_before() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let turns: Vec<CheckpointId> = (0..3)
+            .map(|turn| {
+                let tree = work.path().join(format!("tree{turn}"));
+                store_bytes(&store, &workspace(&tree, turn))
+            })
+            .collect();
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        load(&cache, &store, &turns[0]);
+        let first = cache.stats();
+        assert_eq!(first.reused_members, 0);
+        assert!(first.inflated_members > 5, "{first:?}");
+
+        let second = load(&cache, &store, &turns[1]);
+        let stats = cache.stats();
+        let (reused, inflated) = (
+            stats.reused_members,
+            stats.inflated_members - first.inflated_members,
+        );
+        assert!(reused >= first.inflated_members - 4, "{stats:?}");
+        assert!(inflated <= 4, "{stats:?}");
+        assert_eq!(
+            (second.index.clone(), contents(&second)),
+            fresh(&store, &turns[1])
+        );
+
+        // Every file of both entries damaged on disk (in place, as a bad disk would):
+        // no member is rebuilt, and turn 2 still comes out as inflating it all gives.
+        for turn in &turns[..2] {
+            let entry = work.path().join("cache/checkpoints").join(turn.as_str());
+            let files = fs::read_dir(entry.join("files")).unwrap();
+            for path in files.map(|f| f.unwrap().path()).chain([entry.join("pack")]) {
+                let mut bytes = fs::read(&path).unwrap();
+                for b in bytes.iter_mut().step_by(97) {
+                    *b ^= 0x55;
+                }
+                fs::write(&path, bytes).unwrap();
+            }
+        }
+        let before = cache.stats();
+        let third = load(&cache, &store, &turns[2]);
+        assert_eq!(
+            (third.index.clone(), contents(&third)),
+            fresh(&store, &turns[2])
+        );
+        let after = cache.stats();
+        assert_eq!(after.reused_members, before.reused_members, "{after:?}");
+    }
+
+    /// tar bytes of `entries` (path, data), or a pax header giving the next entry
+    /// the path `pax` when `data` is None.
+    fn tar_of(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (path, data) in entries {
+            let mut header = tar::Header::new_ustar();
+            match data {
+                Some(data) => {
+                    header.set_path(path).unwrap();
+                    header.set_entry_type(tar::EntryType::Regular);
+                    header.set_size(data.len() as u64);
+                    header.set_mode(0o644);
+                    header.set_cksum();
+                    out.extend_from_slice(header.as_bytes());
+                    out.extend_from_slice(data);
+                    out.resize(out.len().next_multiple_of(512), 0);
+                }
+                None => {
+                    let record = format!("path={path}\n");
+                    let mut len = record.len() + 2;
+                    len += (format!("{len} {record}").len() - len).min(1);
+                    let record = format!("{len} {record}");
+                    assert_eq!(record.len(), len);
+                    header.set_path("PaxHeader").unwrap();
+                    header.set_entry_type(tar::EntryType::XHeader);
+                    header.set_size(record.len() as u64);
+                    header.set_cksum();
+                    out.extend_from_slice(header.as_bytes());
+                    out.extend_from_slice(record.as_bytes());
+                    out.resize(out.len().next_multiple_of(512), 0);
+                }
+            }
+        }
+        out
+    }
+
+    /// A member known from one archive follows, in another, a member whose pax header
+    /// renames its first entry: the rebuilt bytes mean what they mean there.
+    #[test]
+    fn a_rebuilt_member_means_what_it_means_in_the_new_archive() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let secret = noise(3000, 9);
+        let shared = gzip(&tar_of(&[("b", Some(&secret))]));
+        assert!(shared.len() > PREFIX);
+        let end = gzip(&[0; 1024]);
+        let first = [
+            gzip(&tar_of(&[("a", Some(b"a\n"))])),
+            shared.clone(),
+            end.clone(),
+        ]
+        .concat();
+        let second = [
+            gzip(&tar_of(&[("x/renamed", None)])),
+            shared,
+            gzip(&tar_of(&[("c", Some(b"c\n"))])),
+            end,
+        ]
+        .concat();
+        let (first, second) = (store_bytes(&store, &first), store_bytes(&store, &second));
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        load(&cache, &store, &first);
+        let loaded = load(&cache, &store, &second);
+        assert_eq!(cache.stats().reused_members, 1, "{:?}", cache.stats());
+        assert_eq!(
+            (loaded.index.clone(), contents(&loaded)),
+            fresh(&store, &second)
+        );
+        let index = &loaded.index;
+        let x = index.lookup(crate::archive::index::ROOT, b"x").unwrap();
+        assert!(index.lookup(x, b"renamed").is_some());
+        assert!(index.lookup(crate::archive::index::ROOT, b"b").is_none());
+    }
+
+    fn inflate_all(mut reader: impl Read) -> Result<Vec<u8>, ()> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 777];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => return Ok(out),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(_) => return Err(()),
+            }
+        }
+    }
+
+    /// Without records, the reader is flate2's MultiGzDecoder, also on bad input.
+    #[test]
+    fn the_reader_inflates_as_multigzdecoder_does() {
+        let a = gzip(&noise(5000, 1));
+        let b = gzip(b"second member\n");
+        let cases: Vec<Vec<u8>> = vec![
+            Vec::new(),
+            a.clone(),
+            [a.clone(), b.clone()].concat(),
+            [a.clone(), b.clone(), b"garbage".to_vec()].concat(),
+            [a.clone(), vec![0; 20]].concat(),
+            a[..a.len() - 3].to_vec(),
+            [a.clone(), b[..5].to_vec()].concat(),
+            b"not gzip at all".to_vec(),
+            [a.clone(), gzip(b"")].concat(),
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let recorder = Arc::new(Mutex::new(Recorder::default()));
+            let ours = inflate_all(MemberReader::new(&case[..], Known::default(), recorder));
+            let theirs = inflate_all(flate2::read::MultiGzDecoder::new(&case[..]));
+            assert_eq!(ours, theirs, "case {i}");
+        }
+    }
+}
