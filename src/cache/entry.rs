@@ -130,10 +130,14 @@ pub struct PendingEntry {
     pack: BufWriter<File>,
     pack_len: u64,
     blobs: Arc<Blobs>,
-    /// The files of its own written so far, with the SHA-256 of their bytes.
-    own: Vec<(u32, [u8; 32])>,
+    /// The files of its own written so far, with the SHA-256 of their bytes and
+    /// whether they are already linked to their blob.
+    own: Vec<(u32, [u8; 32], bool)>,
     /// Records the members of the archive being indexed, when it comes from one.
     members: Option<Arc<Mutex<Recorder>>>,
+    /// The SHA-256 of the next file of its own, when its bytes are known to be a
+    /// whole file of an entry whose digest was recorded (see [`reuse`]).
+    known_digest: Option<(u32, [u8; 32])>,
 }
 
 impl PendingEntry {
@@ -150,6 +154,7 @@ impl PendingEntry {
             blobs,
             own: Vec::new(),
             members: None,
+            known_digest: None,
         })
     }
 
@@ -174,14 +179,21 @@ impl PendingEntry {
     ) -> Result<VerifiedCheckpoint, CacheError> {
         let dir = self.dir().to_owned();
         self.pack.flush().map_err(io_err(&dir))?;
-        for (node, digest) in std::mem::take(&mut self.own) {
-            self.blobs.share(&own_file_path(&dir, node), &digest);
+        let own = std::mem::take(&mut self.own);
+        for &(node, digest, linked) in &own {
+            if !linked {
+                self.blobs.share(&own_file_path(&dir, node), &digest);
+            }
         }
         if let Some(recorder) = self.members.take() {
+            let digests = own
+                .iter()
+                .map(|&(node, digest, _)| (node, digest))
+                .collect();
             let records = recorder
                 .lock()
                 .expect("member recorder lock")
-                .finish(&index);
+                .finish(&index, &digests);
             let path = dir.join("members");
             // Only a hint for later loads: without it, they inflate everything.
             if let Err(e) = reuse::write_records(&path, &records) {
@@ -211,14 +223,17 @@ impl ContentSink for PendingEntry {
         if let Some(recorder) = &self.members {
             let mut recorder = recorder.lock().expect("member recorder lock");
             recorder.contents_at(node, offset, len);
+            self.known_digest = recorder.digest_of(offset, len).map(|d| (node, d));
         }
     }
 
     fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>> {
+        let known = self.known_digest.take().filter(|&(n, _)| n == node);
         Ok(Box::new(OwnFile {
             path: own_file_path(self.dir(), node),
             sink: OwnSink::Memory(Vec::new()),
             hasher: Sha256::new(),
+            known: known.map(|(_, digest)| digest),
             node,
             blobs: &self.blobs,
             done: &mut self.own,
@@ -245,9 +260,19 @@ struct OwnFile<'a> {
     path: PathBuf,
     sink: OwnSink,
     hasher: Sha256,
+    /// The digest of the bytes to come, known from the record of the entry they were
+    /// rebuilt from: then they are not hashed again.
+    known: Option<[u8; 32]>,
     node: u32,
     blobs: &'a Blobs,
-    done: &'a mut Vec<(u32, [u8; 32])>,
+    done: &'a mut Vec<(u32, [u8; 32], bool)>,
+}
+
+impl OwnFile<'_> {
+    fn digest(&self) -> [u8; 32] {
+        self.known
+            .unwrap_or_else(|| self.hasher.clone().finalize().into())
+    }
 }
 
 impl OwnFile<'_> {
@@ -272,12 +297,16 @@ impl Write for OwnFile<'_> {
             }
             OwnSink::File(file) => {
                 let n = file.write(data)?;
-                self.hasher.update(&data[..n]);
+                if self.known.is_none() {
+                    self.hasher.update(&data[..n]);
+                }
                 return Ok(n);
             }
             OwnSink::Linked => return Err(io::Error::other("written after it was complete")),
         }
-        self.hasher.update(data);
+        if self.known.is_none() {
+            self.hasher.update(data);
+        }
         Ok(data.len())
     }
 
@@ -287,7 +316,7 @@ impl Write for OwnFile<'_> {
             OwnSink::File(file) => file.flush(),
             OwnSink::Memory(held) => {
                 let held = std::mem::take(held);
-                let digest = self.hasher.clone().finalize().into();
+                let digest = self.digest();
                 if self.blobs.link_existing(&digest, &held, &self.path)? {
                     self.sink = OwnSink::Linked;
                     Ok(())
@@ -303,10 +332,13 @@ impl Write for OwnFile<'_> {
 
 impl Drop for OwnFile<'_> {
     fn drop(&mut self) {
-        if let OwnSink::File(_) = self.sink {
-            let digest = std::mem::take(&mut self.hasher).finalize().into();
-            self.done.push((self.node, digest));
-        }
+        let linked = match self.sink {
+            OwnSink::File(_) => false,
+            OwnSink::Linked => true,
+            OwnSink::Memory(_) => return, // never completed: the entry is discarded
+        };
+        let digest = self.digest();
+        self.done.push((self.node, digest, linked));
     }
 }
 

@@ -51,8 +51,13 @@ pub const MAX_PEEK: usize = 4 << 20;
 pub const MAX_RECORDED: usize = 4 << 20;
 /// Zero runs at least this long are recorded by their length.
 const ZERO_RUN: usize = 32;
-/// A `members` file larger than this is not read.
-const MAX_RECORDS_FILE: u64 = 64 << 20;
+/// A `members` file larger than this is not read, and a load records no more than
+/// this (about the headers of 30,000 files: records are metadata).
+const MAX_RECORDS: u64 = 16 << 20;
+/// Candidates checked at one boundary: each costs hashing up to [`MAX_PEEK`] bytes,
+/// and an archive made to give many records the same first bytes must not make a
+/// load quadratic.
+const MAX_CANDIDATES: usize = 4;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -82,6 +87,13 @@ enum Segment {
         offset: u64,
         len: u64,
     },
+    /// All of the entry's file of its own for `node`, whose bytes have this SHA-256
+    /// (the name of its blob): a load that rebuilds it need not hash it again.
+    Whole {
+        node: u32,
+        len: u64,
+        digest: [u8; 32],
+    },
 }
 
 /// Counts of one load.
@@ -104,7 +116,7 @@ struct Unfinished {
     compressed: [u8; 32],
     compressed_len: u64,
     start: u64,
-    tar: Vec<u8>,
+    tar: Arc<Vec<u8>>,
 }
 
 enum Piece {
@@ -131,6 +143,10 @@ pub struct Recorder {
     /// (tar offset, length, node) of file contents, in stream order.
     contents: VecDeque<(u64, u64, u32)>,
     done: Vec<Unresolved>,
+    /// Bytes of raw tar kept in `done`, bounded by [`MAX_RECORDS`].
+    raw_bytes: u64,
+    /// (tar offset, length, SHA-256) of whole files rebuilt, in stream order.
+    digests: VecDeque<(u64, u64, [u8; 32])>,
     counts: ReuseCounts,
 }
 
@@ -189,6 +205,17 @@ impl Recorder {
         while self.contents.front().is_some_and(|&(o, l, _)| o + l <= end) {
             self.contents.pop_front();
         }
+        let raw: u64 = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Raw(bytes) => bytes.len() as u64 + 16,
+                _ => 16,
+            })
+            .sum();
+        self.raw_bytes += raw;
+        if self.raw_bytes > MAX_RECORDS {
+            return; // the members after this one are not recorded
+        }
         self.done.push(Unresolved {
             prefix: member.prefix,
             compressed: member.compressed,
@@ -199,8 +226,21 @@ impl Recorder {
         });
     }
 
-    /// The records, with contents located in the entry by its finished index.
-    pub fn finish(&mut self, index: &Index) -> Vec<MemberRecord> {
+    /// The SHA-256 of the `len` tar bytes at `offset`, if they were rebuilt as a
+    /// whole file whose digest was recorded.
+    pub fn digest_of(&mut self, offset: u64, len: u64) -> Option<[u8; 32]> {
+        while self.digests.front().is_some_and(|&(o, _, _)| o < offset) {
+            self.digests.pop_front();
+        }
+        match self.digests.front() {
+            Some(&(o, l, digest)) if o == offset && l == len => Some(digest),
+            _ => None,
+        }
+    }
+
+    /// The records, with contents located in the entry by its finished index, and
+    /// whole files of their own named by their digests.
+    pub fn finish(&mut self, index: &Index, digests: &HashMap<u32, [u8; 32]>) -> Vec<MemberRecord> {
         self.finish_through(u64::MAX);
         let locate = |piece: &Piece| -> Option<Segment> {
             Some(match *piece {
@@ -216,8 +256,14 @@ impl Recorder {
                     },
                     NodeKind::File {
                         location: FileLocation::Own,
+                        size,
                         ..
-                    } => Segment::Own { node, offset, len },
+                    } => match digests.get(&node) {
+                        Some(&digest) if offset == 0 && len == *size => {
+                            Segment::Whole { node, len, digest }
+                        }
+                        _ => Segment::Own { node, offset, len },
+                    },
                     _ => return None,
                 },
             })
@@ -278,7 +324,7 @@ pub fn write_records(path: &Path, records: &[MemberRecord]) -> io::Result<()> {
 
 fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
     let file = File::open(path)?;
-    if file.metadata()?.len() > MAX_RECORDS_FILE {
+    if file.metadata()?.len() > MAX_RECORDS {
         return Err(io::Error::other("too large"));
     }
     let mut bytes = Vec::new();
@@ -331,7 +377,17 @@ impl Known {
                 if (PREFIX..=MAX_PEEK).contains(&len) {
                     // The key is of the first bytes, so it is checked again in full.
                     let candidates = known.by_prefix.entry(record.prefix).or_default();
-                    candidates.push((at, i as u32));
+                    // Two entries with the member are enough (one may be damaged).
+                    let same = |&&(e, r): &&(u32, u32)| {
+                        let other = match known.entries.get(e as usize) {
+                            Some(entry) => &entry.records[r as usize],
+                            None => &records[r as usize], // this entry's own
+                        };
+                        other.compressed == record.compressed
+                    };
+                    if candidates.iter().filter(same).count() < 2 {
+                        candidates.push((at, i as u32));
+                    }
                 }
             }
             known.entries.push(KnownEntry {
@@ -348,8 +404,14 @@ impl Known {
     }
 }
 
-/// Rebuilds a member's tar bytes from the entry in `dir` that recorded it.
-fn rebuild(dir: &Path, pack: &mut Option<File>, record: &MemberRecord) -> io::Result<Vec<u8>> {
+/// Rebuilds a member's tar bytes from the entry in `dir` that recorded it; also
+/// gives where whole files with known digests sit in them.
+fn rebuild(
+    dir: &Path,
+    pack: &mut Option<File>,
+    record: &MemberRecord,
+    digests: &mut Vec<(u64, u64, [u8; 32])>,
+) -> io::Result<Vec<u8>> {
     let too_long = || io::Error::new(io::ErrorKind::InvalidData, "record longer than its member");
     if record.tar_len > MAX_RECORDED as u64 {
         return Err(too_long());
@@ -358,7 +420,10 @@ fn rebuild(dir: &Path, pack: &mut Option<File>, record: &MemberRecord) -> io::Re
     for segment in &record.segments {
         let len = match segment {
             Segment::Raw(bytes) => bytes.len() as u64,
-            Segment::Zeros(len) | Segment::Packed { len, .. } | Segment::Own { len, .. } => *len,
+            Segment::Zeros(len)
+            | Segment::Packed { len, .. }
+            | Segment::Own { len, .. }
+            | Segment::Whole { len, .. } => *len,
         };
         if tar.len() as u64 + len > record.tar_len {
             return Err(too_long());
@@ -377,6 +442,11 @@ fn rebuild(dir: &Path, pack: &mut Option<File>, record: &MemberRecord) -> io::Re
             Segment::Own { node, offset, len } => {
                 let file = File::open(dir.join("files").join(node.to_string()))?;
                 append_range(&file, *offset, *len, &mut tar)?;
+            }
+            Segment::Whole { node, len, digest } => {
+                let file = File::open(dir.join("files").join(node.to_string()))?;
+                append_range(&file, 0, *len, &mut tar)?;
+                digests.push((at as u64, *len, *digest));
             }
         }
         if tar.len() != at + len as usize {
@@ -506,7 +576,8 @@ enum State<R: Read> {
     /// Between members, or before the first.
     Boundary,
     Rebuilt {
-        tar: Vec<u8>,
+        /// Shared with the member's record in the making.
+        tar: Arc<Vec<u8>>,
         at: usize,
     },
     Inflating {
@@ -550,7 +621,7 @@ impl<R: Read> MemberReader<R> {
 
     /// The tar bytes of the next member if the cache has them: its compressed bytes
     /// are taken from the input only then.
-    fn rebuild_next(&mut self) -> io::Result<Option<Vec<u8>>> {
+    fn rebuild_next(&mut self) -> io::Result<Option<Arc<Vec<u8>>>> {
         let input = self.input.as_mut().expect("the input, between members");
         let Known { entries, by_prefix } = &mut self.known;
         if by_prefix.is_empty() {
@@ -563,7 +634,7 @@ impl<R: Read> MemberReader<R> {
         let Some(candidates) = by_prefix.get(&xxh3_64(head)) else {
             return Ok(None);
         };
-        for &(entry, record) in candidates {
+        for &(entry, record) in candidates.iter().take(MAX_CANDIDATES) {
             let KnownEntry { dir, records, pack } = &mut entries[entry as usize];
             let record = &records[record as usize];
             let len = record.compressed_len as usize;
@@ -571,19 +642,24 @@ impl<R: Read> MemberReader<R> {
             if bytes.len() < len || Sha256::digest(&bytes[..len])[..] != record.compressed {
                 continue;
             }
-            match rebuild(dir, pack, record) {
+            let mut digests = Vec::new();
+            match rebuild(dir, pack, record, &mut digests) {
                 Ok(tar)
                     if tar.len() as u64 == record.tar_len && xxh3_128(&tar) == record.tar_hash =>
                 {
                     input.skip(len);
+                    let tar = Arc::new(tar);
                     let mut recorder = self.recorder.lock().expect("member recorder lock");
                     recorder.counts.reused += 1;
+                    let start = self.served;
+                    let found = digests.into_iter().map(|(at, l, d)| (start + at, l, d));
+                    recorder.digests.extend(found);
                     recorder.member(Unfinished {
                         prefix: record.prefix,
                         compressed: record.compressed,
                         compressed_len: record.compressed_len,
-                        start: self.served,
-                        tar: tar.clone(),
+                        start,
+                        tar: Arc::clone(&tar),
                     });
                     return Ok(Some(tar));
                 }
@@ -660,7 +736,7 @@ impl<R: Read> Read for MemberReader<R> {
                             compressed,
                             compressed_len,
                             start,
-                            tar,
+                            tar: Arc::new(tar),
                         });
                     }
                 }
@@ -833,6 +909,17 @@ mod tests {
             (second.index.clone(), contents(&second)),
             fresh(&store, &turns[1])
         );
+        // Files rebuilt whole were linked by the digests their records gave: right ones.
+        let blobs = fs::read_dir(work.path().join("cache/blobs")).unwrap();
+        let mut shared = 0;
+        for blob in blobs.map(|b| b.unwrap()) {
+            let name = blob.file_name().into_string().unwrap();
+            let bytes = fs::read(blob.path()).unwrap();
+            assert_eq!(hex::encode(Sha256::digest(bytes)), name);
+            use std::os::unix::fs::MetadataExt;
+            shared += u64::from(blob.metadata().unwrap().nlink() == 3);
+        }
+        assert!(shared >= 10, "{shared} blobs shared by both turns");
 
         // Every file of both entries damaged on disk (in place, as a bad disk would):
         // no member is rebuilt, and turn 2 still comes out as inflating it all gives.
