@@ -216,6 +216,9 @@ md_row "first \`ls -R\` of turn N+1, cache holding turn N" "$(f2 "$(med open_war
     "**$(ratio "$(med open_warm_s)" "$(med open_cold_s)")** of the empty-cache open" "≤ 0.5"
 md_row "first \`ls -R\` of turn N+1, empty cache" "$(f2 "$(med open_cold_s)")" "1.00" ""
 echo
+echo "Runs of the open, in order (seconds): cache holding turn N $(xargs <"$RES/open_warm_s"); empty cache $(xargs <"$RES/open_cold_s")."
+
+echo
 md_header "measurement" "value" "ratio" "target"
 md_row "bytes sent per 1% turn (the rest copied in the store: \`UploadPartCopy\`)" "$(human "$(med turn_sent)")" \
     "**$(ratio "$(med turn_sent)" "$OBJECT")** of the object" "≤ 0.15"

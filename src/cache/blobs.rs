@@ -60,9 +60,16 @@ impl Blobs {
         }
     }
 
-    /// Links the blob of `data` (whose bytes hash to `digest`) as `dest`, if the pool
-    /// has it intact; false if not (then nothing was done).
-    pub fn link_existing(&self, digest: &[u8; 32], data: &[u8], dest: &Path) -> io::Result<bool> {
+    /// Links the blob of `data` as `dest`, if the pool has it intact; false if not
+    /// (then nothing was done). `digest` is the SHA-256 of `data` if `hashed`; else
+    /// only a name to look for, and the blob is compared with `data` even if trusted.
+    pub fn link_existing(
+        &self,
+        digest: &[u8; 32],
+        data: &[u8],
+        hashed: bool,
+        dest: &Path,
+    ) -> io::Result<bool> {
         let blob = self.dir.join(hex::encode(digest));
         // Held until linked, so that `collect` cannot delete the blob in between.
         let mut trusted = self.trusted.lock().expect("blobs lock");
@@ -74,11 +81,13 @@ impl Blobs {
         if !meta.file_type().is_file() || meta.len() != data.len() as u64 {
             return Ok(false);
         }
-        if !trusted.contains(digest) {
+        if !(hashed && trusted.contains(digest)) {
             if !holds(&blob, data)? {
                 return Ok(false); // damaged: `share` replaces it when the file is written
             }
-            trusted.insert(*digest);
+            if hashed {
+                trusted.insert(*digest);
+            }
         }
         fs::hard_link(&blob, dest)?;
         Ok(true)

@@ -269,6 +269,14 @@ struct OwnFile<'a> {
 }
 
 impl OwnFile<'_> {
+    /// Stops relying on the recorded digest: hashes what was held instead.
+    fn distrust(&mut self, held: &[u8]) {
+        if self.known.take().is_some() {
+            self.hasher = Sha256::new();
+            self.hasher.update(held);
+        }
+    }
+
     fn digest(&self) -> [u8; 32] {
         self.known
             .unwrap_or_else(|| self.hasher.clone().finalize().into())
@@ -292,14 +300,13 @@ impl Write for OwnFile<'_> {
             }
             OwnSink::Memory(held) => {
                 let held = std::mem::take(held);
+                self.distrust(&held);
                 self.spill(&held)?;
                 return self.write(data);
             }
             OwnSink::File(file) => {
                 let n = file.write(data)?;
-                if self.known.is_none() {
-                    self.hasher.update(&data[..n]);
-                }
+                self.hasher.update(&data[..n]);
                 return Ok(n);
             }
             OwnSink::Linked => return Err(io::Error::other("written after it was complete")),
@@ -316,14 +323,27 @@ impl Write for OwnFile<'_> {
             OwnSink::File(file) => file.flush(),
             OwnSink::Memory(held) => {
                 let held = std::mem::take(held);
-                let digest = self.digest();
-                if self.blobs.link_existing(&digest, &held, &self.path)? {
+                let (digest, hashed) = (self.digest(), self.known.is_none());
+                if self
+                    .blobs
+                    .link_existing(&digest, &held, hashed, &self.path)?
+                {
                     self.sink = OwnSink::Linked;
-                    Ok(())
-                } else {
-                    self.spill(&held)?;
-                    self.flush()
+                    return Ok(());
                 }
+                // Not linked: the file is kept, and its blob made of it, under the
+                // digest of its bytes, hashed (a recorded one is only trusted to find
+                // a blob that holds exactly these bytes).
+                if self.known.is_some() {
+                    self.distrust(&held);
+                    let digest = self.digest();
+                    if self.blobs.link_existing(&digest, &held, true, &self.path)? {
+                        self.sink = OwnSink::Linked;
+                        return Ok(());
+                    }
+                }
+                self.spill(&held)?;
+                self.flush()
             }
             OwnSink::Linked => Ok(()),
         }

@@ -835,6 +835,22 @@ mod tests {
             fs::write(dir.join("d3/f45"), format!("edited in turn {turn}\n")).unwrap();
             fs::write(dir.join(format!("new{turn}")), noise(20_000, turn)).unwrap();
         }
+        // Fixed times: turns written in different seconds must differ only where
+        // they were changed.
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        for sub in fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+            if sub.is_dir() {
+                for file in fs::read_dir(&sub).unwrap().map(|e| e.unwrap().path()) {
+                    File::options()
+                        .write(true)
+                        .open(file)
+                        .unwrap()
+                        .set_modified(when)
+                        .unwrap();
+                }
+            }
+            File::open(&sub).unwrap().set_modified(when).unwrap();
+        }
         let root = File::open(dir).unwrap();
         let options = WriterOptions {
             max_size: u64::MAX,
@@ -942,6 +958,66 @@ mod tests {
         );
         let after = cache.stats();
         assert_eq!(after.reused_members, before.reused_members, "{after:?}");
+    }
+
+    /// A record whose whole-file digests are wrong (each names another file's blob)
+    /// makes no file of the new entry take another's bytes, and no blob get a name
+    /// that is not its digest: a recorded digest only says which blob to compare.
+    #[test]
+    fn a_wrong_recorded_digest_links_nothing_wrong() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let turns: Vec<CheckpointId> = (0..2)
+            .map(|turn| {
+                let tree = work.path().join(format!("tree{turn}"));
+                store_bytes(&store, &workspace(&tree, turn))
+            })
+            .collect();
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        load(&cache, &store, &turns[0]);
+        let path = work
+            .path()
+            .join("cache/checkpoints")
+            .join(turns[0].as_str())
+            .join("members");
+        let mut records = read_records(&path).unwrap();
+        let mut digests: Vec<[u8; 32]> = Vec::new();
+        for record in &records {
+            for segment in &record.segments {
+                if let Segment::Whole { digest, .. } = segment {
+                    digests.push(*digest);
+                }
+            }
+        }
+        assert!(
+            digests.len() >= 10,
+            "{} whole files recorded",
+            digests.len()
+        );
+        digests.rotate_left(1);
+        let mut next = digests.into_iter();
+        for record in &mut records {
+            for segment in &mut record.segments {
+                if let Segment::Whole { digest, .. } = segment {
+                    *digest = next.next().unwrap();
+                }
+            }
+        }
+        fs::remove_file(&path).unwrap();
+        write_records(&path, &records).unwrap();
+
+        let second = load(&cache, &store, &turns[1]);
+        assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
+        assert_eq!(
+            (second.index.clone(), contents(&second)),
+            fresh(&store, &turns[1])
+        );
+        for blob in fs::read_dir(work.path().join("cache/blobs")).unwrap() {
+            let blob = blob.unwrap();
+            let bytes = fs::read(blob.path()).unwrap();
+            let name = blob.file_name().into_string().unwrap();
+            assert_eq!(hex::encode(Sha256::digest(bytes)), name);
+        }
     }
 
     /// tar bytes of `entries` (path, data), or a pax header giving the next entry
