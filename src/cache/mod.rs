@@ -320,6 +320,7 @@ impl Cache {
             reused = counts.reused,
             inflated = counts.inflated,
             stale = counts.stale,
+            mismatched = counts.mismatched,
             "gzip members"
         );
         // The object's own verdict comes first: a corrupt or cut object also makes the

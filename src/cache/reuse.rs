@@ -20,15 +20,20 @@
 //! - the tar stream handed to the indexer is byte for byte the one inflation gives: a
 //!   member is reused only if its compressed bytes have the SHA-256 of one this cache
 //!   inflated itself, and the bytes rebuilt from disk must have the length and
-//!   xxh3-128 of what it inflated to, else the member is inflated after all. Nothing
-//!   the archive says (no size field in a gzip header) places a boundary: boundaries
-//!   are where inflation of the previous member ended;
+//!   xxh3-128 of what it inflated to, and the CRC-32 and length that the member's own
+//!   gzip trailer gives, else the member is inflated after all. Nothing the archive
+//!   says (no size field in a gzip header) places a boundary: boundaries are where
+//!   inflation of the previous member ended;
 //! - the indexer reads the stream as a whole, so tar's context (pax headers, hard
 //!   links, later duplicates) means what it means in the new archive;
 //! - records are hints: a missing, damaged or stale record, or an entry evicted
 //!   meanwhile, costs an inflation, never a wrong byte;
 //! - memory is bounded: at most [`MAX_PEEK`] compressed bytes are looked ahead, and a
-//!   member's tar bytes are kept for its record only up to [`MAX_RECORDED`].
+//!   member's tar bytes are kept for its record only up to [`MAX_RECORDED`];
+//! - work is bounded by the download: an archive made to match recorded members'
+//!   first bytes but not the rest makes each boundary hash up to [`MAX_CANDIDATES`]
+//!   times [`MAX_PEEK`] bytes, so once the bytes hashed or rebuilt in vain pass twice
+//!   the bytes taken from the stream, the load stops looking and only inflates.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File};
@@ -58,6 +63,8 @@ const MAX_RECORDS: u64 = 16 << 20;
 /// and an archive made to give many records the same first bytes must not make a
 /// load quadratic.
 const MAX_CANDIDATES: usize = 4;
+/// What a record costs in the [`MAX_RECORDS`] budget besides its raw bytes.
+const RECORD_COST: u64 = 64;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -105,6 +112,8 @@ pub struct ReuseCounts {
     pub inflated: u64,
     /// Members whose record matched but whose rebuilt bytes did not (then inflated).
     pub stale: u64,
+    /// Candidates whose first bytes matched but whose whole member did not.
+    pub mismatched: u64,
 }
 
 // --- recording -----------------------------------------------------------------------
@@ -179,6 +188,9 @@ impl Recorder {
     }
 
     fn finish_member(&mut self, member: Unfinished) {
+        if member.tar.is_empty() {
+            return; // nothing to rebuild, and a record would cost for nothing
+        }
         let end = member.start + member.tar.len() as u64;
         let mut pieces = Vec::new();
         let mut at = member.start;
@@ -212,7 +224,7 @@ impl Recorder {
                 _ => 16,
             })
             .sum();
-        self.raw_bytes += raw;
+        self.raw_bytes += RECORD_COST + raw;
         if self.raw_bytes > MAX_RECORDS {
             return; // the members after this one are not recorded
         }
@@ -323,12 +335,12 @@ pub fn write_records(path: &Path, records: &[MemberRecord]) -> io::Result<()> {
 }
 
 fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
-    let file = File::open(path)?;
-    if file.metadata()?.len() > MAX_RECORDS {
+    let file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORDS + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_RECORDS {
         return Err(io::Error::other("too large"));
     }
-    let mut bytes = Vec::new();
-    (&file).read_to_end(&mut bytes)?;
     let damaged = || io::Error::new(io::ErrorKind::InvalidData, "damaged");
     if bytes.len() < 8 {
         return Err(damaged());
@@ -337,7 +349,32 @@ fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
     if xxh3_64(body).to_le_bytes() != sum {
         return Err(damaged());
     }
-    postcard::from_bytes(body).map_err(|_| damaged())
+    let records: Vec<MemberRecord> = postcard::from_bytes(body).map_err(|_| damaged())?;
+    // Each segment but the last few stands for at least 16 tar bytes (a header holds
+    // a few pieces, contents one): more would make one rebuild open files for nothing.
+    if records
+        .iter()
+        .any(|r| r.tar_len > MAX_RECORDED as u64 || r.segments.len() as u64 > r.tar_len / 16 + 8)
+    {
+        return Err(damaged());
+    }
+    Ok(records)
+}
+
+/// Opens a file of an entry for reading, if it is a regular file: not through a
+/// symlink, and without blocking on a FIFO put in its place.
+fn open_regular(path: &Path) -> io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 // --- what the cache holds ------------------------------------------------------------
@@ -377,6 +414,11 @@ impl Known {
                 if (PREFIX..=MAX_PEEK).contains(&len) {
                     // The key is of the first bytes, so it is checked again in full.
                     let candidates = known.by_prefix.entry(record.prefix).or_default();
+                    // No more are ever checked at a boundary; the cap also keeps this
+                    // loop linear when many records share their first bytes.
+                    if candidates.len() >= MAX_CANDIDATES {
+                        continue;
+                    }
                     // Two entries with the member are enough (one may be damaged).
                     let same = |&&(e, r): &&(u32, u32)| {
                         let other = match known.entries.get(e as usize) {
@@ -425,7 +467,8 @@ fn rebuild(
             | Segment::Own { len, .. }
             | Segment::Whole { len, .. } => *len,
         };
-        if tar.len() as u64 + len > record.tar_len {
+        // tar.len() ≤ tar_len holds here, and len comes from disk: no overflow.
+        if len > record.tar_len - tar.len() as u64 {
             return Err(too_long());
         }
         let at = tar.len();
@@ -434,17 +477,17 @@ fn rebuild(
             Segment::Zeros(len) => tar.resize(at + *len as usize, 0),
             Segment::Packed { offset, len } => {
                 if pack.is_none() {
-                    *pack = Some(File::open(dir.join("pack"))?);
+                    *pack = Some(open_regular(&dir.join("pack"))?);
                 }
                 let file = pack.as_ref().expect("opened above");
                 append_range(file, *offset, *len, &mut tar)?;
             }
             Segment::Own { node, offset, len } => {
-                let file = File::open(dir.join("files").join(node.to_string()))?;
+                let file = open_regular(&dir.join("files").join(node.to_string()))?;
                 append_range(&file, *offset, *len, &mut tar)?;
             }
             Segment::Whole { node, len, digest } => {
-                let file = File::open(dir.join("files").join(node.to_string()))?;
+                let file = open_regular(&dir.join("files").join(node.to_string()))?;
                 append_range(&file, 0, *len, &mut tar)?;
                 digests.push((at as u64, *len, *digest));
             }
@@ -479,6 +522,8 @@ struct Input<R> {
     hasher: Sha256,
     taken: u64,
     head: Vec<u8>,
+    /// Bytes taken or skipped since the start of the stream.
+    total: u64,
 }
 
 fn read_some(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -501,6 +546,7 @@ impl<R: Read> Input<R> {
             hasher: Sha256::new(),
             taken: 0,
             head: Vec::with_capacity(PREFIX),
+            total: 0,
         }
     }
 
@@ -528,6 +574,7 @@ impl<R: Read> Input<R> {
     /// Steps over `n` bytes [`Input::peek`] returned.
     fn skip(&mut self, n: usize) {
         self.start += n;
+        self.total += n as u64;
     }
 
     /// The SHA-256, length and prefix key of what was taken since the last call.
@@ -558,6 +605,7 @@ impl<R: Read> BufRead for Input<R> {
         let want = (PREFIX - self.head.len()).min(n);
         self.head.extend_from_slice(&taken[..want]);
         self.taken += n as u64;
+        self.total += n as u64;
         self.start += n;
     }
 }
@@ -601,6 +649,8 @@ pub struct MemberReader<R: Read> {
     /// Tar bytes handed out so far.
     served: u64,
     started: bool,
+    /// Bytes hashed or rebuilt for candidates that were not the member.
+    wasted: u64,
 }
 
 impl<R: Read> MemberReader<R> {
@@ -612,6 +662,7 @@ impl<R: Read> MemberReader<R> {
             recorder,
             served: 0,
             started: false,
+            wasted: 0,
         }
     }
 
@@ -624,7 +675,10 @@ impl<R: Read> MemberReader<R> {
     fn rebuild_next(&mut self) -> io::Result<Option<Arc<Vec<u8>>>> {
         let input = self.input.as_mut().expect("the input, between members");
         let Known { entries, by_prefix } = &mut self.known;
-        if by_prefix.is_empty() {
+        // Looking costs at most MAX_CANDIDATES × MAX_PEEK per boundary; what was spent
+        // in vain stays within twice what the stream gave (see the module comment).
+        let budget = 2 * input.total + 2 * MAX_PEEK as u64;
+        if by_prefix.is_empty() || self.wasted > budget {
             return Ok(None);
         }
         let head = input.peek(PREFIX)?;
@@ -634,22 +688,38 @@ impl<R: Read> MemberReader<R> {
         let Some(candidates) = by_prefix.get(&xxh3_64(head)) else {
             return Ok(None);
         };
+        let mut recorder = self.recorder.lock().expect("member recorder lock");
         for &(entry, record) in candidates.iter().take(MAX_CANDIDATES) {
+            if self.wasted > budget {
+                tracing::debug!(
+                    "recorded members stopped matching this download; inflating the rest"
+                );
+                break;
+            }
             let KnownEntry { dir, records, pack } = &mut entries[entry as usize];
             let record = &records[record as usize];
             let len = record.compressed_len as usize;
             let bytes = input.peek(len)?;
             if bytes.len() < len || Sha256::digest(&bytes[..len])[..] != record.compressed {
+                self.wasted += bytes.len() as u64;
+                recorder.counts.mismatched += 1;
                 continue;
             }
+            // The member's own trailer: the CRC-32 and length (mod 2^32) of its tar.
+            let trailer = &bytes[len - 8..len];
+            let crc = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
+            let length = u32::from_le_bytes(trailer[4..].try_into().expect("4 bytes"));
             let mut digests = Vec::new();
-            match rebuild(dir, pack, record, &mut digests) {
+            let rebuilt = rebuild(dir, pack, record, &mut digests);
+            match rebuilt {
                 Ok(tar)
-                    if tar.len() as u64 == record.tar_len && xxh3_128(&tar) == record.tar_hash =>
+                    if tar.len() as u64 == record.tar_len
+                        && xxh3_128(&tar) == record.tar_hash
+                        && tar.len() as u32 == length
+                        && crc32(&tar) == crc =>
                 {
                     input.skip(len);
                     let tar = Arc::new(tar);
-                    let mut recorder = self.recorder.lock().expect("member recorder lock");
                     recorder.counts.reused += 1;
                     let start = self.served;
                     let found = digests.into_iter().map(|(at, l, d)| (start + at, l, d));
@@ -665,24 +735,22 @@ impl<R: Read> MemberReader<R> {
                 }
                 Ok(_) => {
                     tracing::debug!(entry = %dir.display(), "a recorded member did not rebuild to its bytes; inflating it");
-                    self.recorder
-                        .lock()
-                        .expect("member recorder lock")
-                        .counts
-                        .stale += 1;
                 }
                 Err(e) => {
                     tracing::debug!(entry = %dir.display(), error = %e, "a recorded member could not be rebuilt; inflating it");
-                    self.recorder
-                        .lock()
-                        .expect("member recorder lock")
-                        .counts
-                        .stale += 1;
                 }
             }
+            self.wasted += (len as u64).saturating_add(record.tar_len);
+            recorder.counts.stale += 1;
         }
         Ok(None)
     }
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = flate2::Crc::new();
+    crc.update(bytes);
+    crc.sum()
 }
 
 impl<R: Read> Read for MemberReader<R> {
@@ -1092,6 +1160,177 @@ mod tests {
         let x = index.lookup(crate::archive::index::ROOT, b"x").unwrap();
         assert!(index.lookup(x, b"renamed").is_some());
         assert!(index.lookup(crate::archive::index::ROOT, b"b").is_none());
+    }
+
+    /// A gzip member whose first [`PREFIX`] bytes are its header (a long comment), so
+    /// that members with other data share them.
+    fn gzip_commented(data: &[u8]) -> Vec<u8> {
+        let mut gz = GzBuilder::new()
+            .mtime(0)
+            .comment(vec![b'c'; PREFIX + 44])
+            .write(Vec::new(), Compression::default());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    }
+
+    /// Loads `first` then `second` into one cache; gives the cache's directory and
+    /// `first`'s entry.
+    fn records_of(work: &Path, store: &LocalStore, first: &[u8]) -> (Cache, PathBuf) {
+        let first = store_bytes(store, first);
+        let cache = Cache::open(&work.join("cache"), u64::MAX).unwrap();
+        load(&cache, store, &first);
+        let entry = work.join("cache/checkpoints").join(first.as_str());
+        (cache, entry)
+    }
+
+    /// A record that rebuilds, consistently with its own xxh3, to bytes other than its
+    /// member holds is caught by the member's gzip trailer (CRC-32): inflated.
+    #[test]
+    fn a_record_that_lies_consistently_is_caught_by_the_trailer() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let member = gzip(&tar_of(&[("a", Some(&noise(3000, 4)))]));
+        let end = gzip(&[0; 1024]);
+        let (cache, entry) =
+            records_of(work.path(), &store, &[member.clone(), end.clone()].concat());
+        let path = entry.join("members");
+        let mut records = read_records(&path).unwrap();
+        let record = records
+            .iter_mut()
+            .find(|r| r.compressed_len == member.len() as u64)
+            .unwrap();
+        let raw = record.segments.iter_mut().find_map(|s| match s {
+            Segment::Raw(bytes) => Some(bytes),
+            _ => None,
+        });
+        raw.unwrap()[0] ^= 1;
+        let mut pack = None;
+        let lie = rebuild(&entry, &mut pack, record, &mut Vec::new()).unwrap();
+        record.tar_hash = xxh3_128(&lie);
+        fs::remove_file(&path).unwrap();
+        write_records(&path, &records).unwrap();
+
+        let more = gzip(&tar_of(&[("c", Some(b"c\n"))]));
+        let second = store_bytes(&store, &[member, more, end].concat());
+        let loaded = load(&cache, &store, &second);
+        assert_eq!(cache.stats().reused_members, 0, "{:?}", cache.stats());
+        assert_eq!(
+            (loaded.index.clone(), contents(&loaded)),
+            fresh(&store, &second)
+        );
+    }
+
+    /// A member with no tar bytes (here a long header and nothing else) gets no
+    /// record: there is nothing to rebuild, and records are paid for.
+    #[test]
+    fn members_without_tar_bytes_are_not_recorded() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let empty = gzip_commented(b"");
+        assert!(empty.len() > PREFIX);
+        let full = gzip(&tar_of(&[("a", Some(&noise(3000, 5)))]));
+        let archive = [full.clone(), empty, gzip(&[0; 1024])].concat();
+        let (_cache, entry) = records_of(work.path(), &store, &archive);
+        let records = read_records(&entry.join("members")).unwrap();
+        let lens: Vec<u64> = records.iter().map(|r| r.compressed_len).collect();
+        assert_eq!(lens, [full.len() as u64], "{lens:?}");
+    }
+
+    /// Many records with the same first bytes fill one bucket only up to what a
+    /// boundary checks.
+    #[test]
+    fn a_prefix_bucket_holds_no_more_than_a_boundary_checks() {
+        let work = tempfile::tempdir().unwrap();
+        let record = |i: u8| MemberRecord {
+            prefix: 7,
+            compressed: [i; 32],
+            compressed_len: 1000,
+            tar_len: 512,
+            tar_hash: 0,
+            segments: vec![Segment::Zeros(512)],
+        };
+        let dirs: Vec<PathBuf> = (0..3)
+            .map(|d| {
+                let dir = work.path().join(d.to_string());
+                fs::create_dir(&dir).unwrap();
+                let records: Vec<MemberRecord> = (0..200).map(record).collect();
+                write_records(&dir.join("members"), &records).unwrap();
+                dir
+            })
+            .collect();
+        let known = Known::read(dirs);
+        assert_eq!(known.by_prefix.len(), 1);
+        assert_eq!(known.by_prefix[&7].len(), MAX_CANDIDATES);
+    }
+
+    /// Records that do not hold what their decoder would take are not used: too many
+    /// segments for their length, a members file that is a symlink or a FIFO.
+    #[test]
+    fn records_out_of_bounds_or_not_regular_files_are_not_read() {
+        let work = tempfile::tempdir().unwrap();
+        let many = MemberRecord {
+            prefix: 1,
+            compressed: [1; 32],
+            compressed_len: 1000,
+            tar_len: 512,
+            tar_hash: 0,
+            segments: vec![Segment::Zeros(1); 512],
+        };
+        let path = work.path().join("many");
+        write_records(&path, std::slice::from_ref(&many)).unwrap();
+        assert_eq!(
+            read_records(&path).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        let fine = MemberRecord {
+            segments: vec![Segment::Zeros(512)],
+            ..many
+        };
+        let path = work.path().join("fine");
+        write_records(&path, std::slice::from_ref(&fine)).unwrap();
+        assert_eq!(read_records(&path).unwrap(), [fine]);
+
+        let link = work.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(read_records(&link).is_err());
+        let fifo = work.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        // Would block forever without O_NONBLOCK (no writer).
+        assert_eq!(
+            read_records(&fifo).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+    }
+
+    /// An archive whose members all start as a recorded long member does, but are not
+    /// it, costs a bounded number of full comparisons, not one per member.
+    #[test]
+    fn members_that_only_start_like_a_record_stop_being_compared() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let long = gzip_commented(&tar_of(&[("big", Some(&noise(1 << 20, 6)))]));
+        let end = gzip(&[0; 1024]);
+        let (_cache, entry) =
+            records_of(work.path(), &store, &[long.clone(), end.clone()].concat());
+        let known = Known::read([entry]);
+        assert!(!known.is_empty());
+
+        let decoy = gzip_commented(b"");
+        assert_eq!(decoy[..PREFIX], long[..PREFIX]);
+        let mut attack = decoy.repeat(300);
+        attack.extend(gzip(&noise(2 << 20, 7)));
+        let recorder = Arc::new(Mutex::new(Recorder::default()));
+        let reader = MemberReader::new(&attack[..], known, Arc::clone(&recorder));
+        let ours = inflate_all(reader).unwrap();
+        assert_eq!(
+            ours,
+            inflate_all(flate2::read::MultiGzDecoder::new(&attack[..])).unwrap()
+        );
+        let counts = recorder.lock().unwrap().counts();
+        assert_eq!(counts.inflated, 301);
+        // 1 MiB each: about (2 × stream + 2 × MAX_PEEK) / 1 MiB comparisons at most.
+        assert!((2..=16).contains(&counts.mismatched), "{counts:?}");
     }
 
     fn inflate_all(mut reader: impl Read) -> Result<Vec<u8>, ()> {
