@@ -27,6 +27,25 @@ fn os(e: rustix::io::Errno) -> io::Error {
     io::Error::from(e)
 }
 
+/// Opens the file at `path` for reading if it is a regular file: a symlink in its last
+/// component is not followed (`ELOOP`), and a FIFO put in its place neither blocks the
+/// open nor is read (`InvalidInput`). For ckptfs's own files (store, cache), whose
+/// directories a hostile party does not shape.
+pub fn open_regular(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
 /// Opens the directory `name` in `dir` for reading, refusing a symlink (`ELOOP`) or
 /// anything that is not a directory (`ENOTDIR`).
 pub fn open_dir(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {

@@ -47,6 +47,7 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::archive::index::{FileLocation, Index, NodeKind};
+use crate::beneath::open_regular;
 
 /// Compressed bytes hashed to find candidates (members shorter are not recorded).
 const PREFIX: usize = 256;
@@ -359,22 +360,6 @@ fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
         return Err(damaged());
     }
     Ok(records)
-}
-
-/// Opens a file of an entry for reading, if it is a regular file: not through a
-/// symlink, and without blocking on a FIFO put in its place.
-fn open_regular(path: &Path) -> io::Result<File> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
 }
 
 // --- what the cache holds ------------------------------------------------------------
@@ -931,6 +916,13 @@ mod tests {
         out
     }
 
+    /// `n` turns of [`workspace`], stored; their ids.
+    fn stored_turns(work: &Path, store: &LocalStore, n: u64) -> Vec<CheckpointId> {
+        (0..n)
+            .map(|turn| store_bytes(store, &workspace(&work.join(format!("tree{turn}")), turn)))
+            .collect()
+    }
+
     fn load(cache: &Cache, store: &LocalStore, id: &CheckpointId) -> Arc<VerifiedCheckpoint> {
         cache.load(store, id, u64::MAX, Limits::DEFAULT, 0).unwrap()
     }
@@ -969,12 +961,7 @@ mod tests {
     fn a_turn_is_rebuilt_from_the_members_of_the_turn_before() {
         let work = tempfile::tempdir().unwrap();
         let store = LocalStore::create(&work.path().join("store")).unwrap();
-        let turns: Vec<CheckpointId> = (0..3)
-            .map(|turn| {
-                let tree = work.path().join(format!("tree{turn}"));
-                store_bytes(&store, &workspace(&tree, turn))
-            })
-            .collect();
+        let turns = stored_turns(work.path(), &store, 3);
         let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
         load(&cache, &store, &turns[0]);
         let first = cache.stats();
@@ -1035,12 +1022,7 @@ mod tests {
     fn a_wrong_recorded_digest_links_nothing_wrong() {
         let work = tempfile::tempdir().unwrap();
         let store = LocalStore::create(&work.path().join("store")).unwrap();
-        let turns: Vec<CheckpointId> = (0..2)
-            .map(|turn| {
-                let tree = work.path().join(format!("tree{turn}"));
-                store_bytes(&store, &workspace(&tree, turn))
-            })
-            .collect();
+        let turns = stored_turns(work.path(), &store, 2);
         let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
         load(&cache, &store, &turns[0]);
         let path = work
@@ -1299,7 +1281,7 @@ mod tests {
         // Would block forever without O_NONBLOCK (no writer).
         assert_eq!(
             read_records(&fifo).unwrap_err().kind(),
-            io::ErrorKind::InvalidData
+            io::ErrorKind::InvalidInput
         );
     }
 

@@ -25,9 +25,10 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+
+use crate::beneath::open_regular;
 
 use super::{
     ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, StoreError,
@@ -43,22 +44,6 @@ const TEMP_PREFIX: &str = ".tmp-";
 pub const MAX_SIDECAR: u64 = 64 * 1024;
 /// A temporary file older than this belongs to a put that died.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
-
-/// Opens `path` for reading if it is a regular file, without following a symlink or
-/// blocking on a FIFO.
-fn open_regular(path: &Path) -> io::Result<File> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
-}
 
 impl LocalStore {
     /// Opens an existing store directory.

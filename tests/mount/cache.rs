@@ -258,19 +258,25 @@ fn distinct_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Two turns of twelve files differing by one, put in `store`: their trees and digests.
+fn put_two_turns(store: &TestStore, work: &Path) -> (Vec<PathBuf>, Vec<String>) {
+    let trees: Vec<PathBuf> = (0..2)
+        .map(|turn| {
+            let dir = work.join(format!("turn{turn}"));
+            make_turn_tree(&dir, 12, (turn == 1).then_some(4));
+            dir
+        })
+        .collect();
+    let shas = trees.iter().map(|t| store.put(t, &[]).0).collect();
+    (trees, shas)
+}
+
 /// Two turns that differ by one file of twelve hold their eleven common files once
 /// in the cache, and the cache counts them once; a shared file damaged on disk is
 /// found in both entries after a restart, and both are fetched again and right.
 pub(super) fn turns_share_their_unchanged_files_in_the_cache(store: &TestStore) {
     let work = repo_temp_dir("shared-");
-    let trees: Vec<PathBuf> = (0..2)
-        .map(|turn| {
-            let dir = work.path().join(format!("turn{turn}"));
-            make_turn_tree(&dir, 12, (turn == 1).then_some(4));
-            dir
-        })
-        .collect();
-    let shas: Vec<String> = trees.iter().map(|t| store.put(t, &[]).0).collect();
+    let (trees, shas) = put_two_turns(store, work.path());
     let cache = work.path().join("cache");
     let mount = Mount::new(store).cache_dir(&cache).start();
     for (tree, sha) in trees.iter().zip(&shas) {
@@ -335,14 +341,7 @@ fn members_rebuilt(mount: &MountedStore) -> (u64, u64) {
 /// and still shows exactly turn N+1.
 pub(super) fn turn_n_plus_1_is_rebuilt_from_turn_n_in_the_cache(store: &TestStore) {
     let work = repo_temp_dir("rebuild-");
-    let trees: Vec<PathBuf> = (0..2)
-        .map(|turn| {
-            let dir = work.path().join(format!("turn{turn}"));
-            make_turn_tree(&dir, 12, (turn == 1).then_some(4));
-            dir
-        })
-        .collect();
-    let shas: Vec<String> = trees.iter().map(|t| store.put(t, &[]).0).collect();
+    let (trees, shas) = put_two_turns(store, work.path());
     let cache = work.path().join("cache");
     let mount = Mount::new(store).cache_dir(&cache).start();
     assert_same_tree(&trees[0], &mount.join(&shas[0]));
