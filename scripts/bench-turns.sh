@@ -163,6 +163,11 @@ for run in 1 2 3; do
         run_begin
         tm "open_$side" ls -R "$MNT/$LAST" >/dev/null
         record "open_${side}_s" "$(step_secs "open_$side")"
+        if [ "$side" = warm ]; then
+            # "rebuilt inflated": the gzip members of turn N+1 that came from turn N.
+            sed -n 's/^# gzip members of downloads: \([0-9]*\) rebuilt from the cache, \([0-9]*\) inflated$/\1 \2/p' \
+                "$MNT/.status" >>"$RES/open_members"
+        fi
         unmount_wait "$MNT" "$PID"
     done
 done
@@ -212,7 +217,9 @@ md_row "\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`" "$(f2 "$(med pipe_s)"
 md_row "put of a 1% turn, member cache of the turns before ($(med turn_reused) members reused, $(med turn_compressed) compressed)" \
     "$(f2 "$(med turn_s)")" "**$(ratio "$(med turn_s)" "$full")**" "≤ 0.25"
 md_row "seal of a one-file change through the mount" "$(f2 "$(med seal_s)")" "**$(ratio "$(med seal_s)" "$full")**" "≤ 0.3"
-md_row "first \`ls -R\` of turn N+1, cache holding turn N" "$(f2 "$(med open_warm_s)")" \
+rebuilt="?" inflated="?"
+if [ -s "$RES/open_members" ]; then read -r rebuilt inflated < <(tail -n 1 "$RES/open_members"); fi
+md_row "first \`ls -R\` of turn N+1, cache holding turn N ($rebuilt gzip members rebuilt, $inflated inflated)" "$(f2 "$(med open_warm_s)")" \
     "**$(ratio "$(med open_warm_s)" "$(med open_cold_s)")** of the empty-cache open" "≤ 0.5"
 md_row "first \`ls -R\` of turn N+1, empty cache" "$(f2 "$(med open_cold_s)")" "1.00" ""
 echo

@@ -28,8 +28,10 @@
 //!   links, later duplicates) means what it means in the new archive;
 //! - records are hints: a missing, damaged or stale record, or an entry evicted
 //!   meanwhile, costs an inflation, never a wrong byte;
-//! - memory is bounded: at most [`MAX_PEEK`] compressed bytes are looked ahead, and a
-//!   member's tar bytes are kept for its record only up to [`MAX_RECORDED`];
+//! - memory is bounded: at most [`MAX_PEEK`] compressed bytes are looked ahead, a
+//!   member's tar bytes are kept for its record only up to [`MAX_RECORDED`], and an
+//!   entry's records take at most [`MAX_RECORDS`] in memory, counted the same way
+//!   when they are made and when they are read;
 //! - work is bounded by the download: an archive made to match recorded members'
 //!   first bytes but not the rest makes each boundary hash up to [`MAX_CANDIDATES`]
 //!   times [`MAX_PEEK`] bytes, so once the bytes hashed or rebuilt in vain pass twice
@@ -55,17 +57,17 @@ const PREFIX: usize = 256;
 pub const MAX_PEEK: usize = 4 << 20;
 /// The most tar bytes of one member kept until its record is made.
 pub const MAX_RECORDED: usize = 4 << 20;
-/// Zero runs at least this long are recorded by their length.
-const ZERO_RUN: usize = 32;
-/// A `members` file larger than this is not read, and a load records no more than
-/// this (about the headers of 30,000 files: records are metadata).
+/// Zero runs at least this long are recorded by their length (a segment in memory
+/// costs more than 32 bytes: shorter runs are kept as raw bytes).
+const ZERO_RUN: usize = 64;
+/// A `members` file larger than this is not read, and the records of one entry cost
+/// no more than this in memory ([`cost`]; about the headers of 20,000 files: records
+/// are metadata).
 const MAX_RECORDS: u64 = 16 << 20;
 /// Candidates checked at one boundary: each costs hashing up to [`MAX_PEEK`] bytes,
 /// and an archive made to give many records the same first bytes must not make a
 /// load quadratic.
 const MAX_CANDIDATES: usize = 4;
-/// What a record costs in the [`MAX_RECORDS`] budget besides its raw bytes.
-const RECORD_COST: u64 = 64;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -102,6 +104,13 @@ enum Segment {
         len: u64,
         digest: [u8; 32],
     },
+}
+
+/// What records take in memory, as counted against [`MAX_RECORDS`] both when they
+/// are made and when they are read: each record and each segment at its size, plus
+/// the bytes of raw segments. On disk (postcard) they take less.
+fn cost(segments: usize, raw: usize) -> u64 {
+    (size_of::<MemberRecord>() + segments * size_of::<Segment>() + raw) as u64
 }
 
 /// Counts of one load.
@@ -153,8 +162,8 @@ pub struct Recorder {
     /// (tar offset, length, node) of file contents, in stream order.
     contents: VecDeque<(u64, u64, u32)>,
     done: Vec<Unresolved>,
-    /// Bytes of raw tar kept in `done`, bounded by [`MAX_RECORDS`].
-    raw_bytes: u64,
+    /// What `done` takes in memory ([`cost`]), bounded by [`MAX_RECORDS`].
+    cost: u64,
     /// (tar offset, length, SHA-256) of whole files rebuilt, in stream order.
     digests: VecDeque<(u64, u64, [u8; 32])>,
     counts: ReuseCounts,
@@ -185,6 +194,16 @@ impl Recorder {
             }
             let member = self.members.pop_front().expect("a front member");
             self.finish_member(member);
+        }
+        // Contents before every member still to be recorded are not needed (members
+        // are contiguous, so none starts before the first one queued).
+        let needed_from = self.members.front().map_or(offset, |m| m.start.min(offset));
+        while self
+            .contents
+            .front()
+            .is_some_and(|&(o, l, _)| o + l <= needed_from)
+        {
+            self.contents.pop_front();
         }
     }
 
@@ -218,15 +237,15 @@ impl Recorder {
         while self.contents.front().is_some_and(|&(o, l, _)| o + l <= end) {
             self.contents.pop_front();
         }
-        let raw: u64 = pieces
+        let raw = pieces
             .iter()
             .map(|p| match p {
-                Piece::Raw(bytes) => bytes.len() as u64 + 16,
-                _ => 16,
+                Piece::Raw(bytes) => bytes.len(),
+                _ => 0,
             })
             .sum();
-        self.raw_bytes += RECORD_COST + raw;
-        if self.raw_bytes > MAX_RECORDS {
+        self.cost += cost(pieces.len(), raw);
+        if self.cost > MAX_RECORDS {
             return; // the members after this one are not recorded
         }
         self.done.push(Unresolved {
@@ -255,9 +274,9 @@ impl Recorder {
     /// whole files of their own named by their digests.
     pub fn finish(&mut self, index: &Index, digests: &HashMap<u32, [u8; 32]>) -> Vec<MemberRecord> {
         self.finish_through(u64::MAX);
-        let locate = |piece: &Piece| -> Option<Segment> {
-            Some(match *piece {
-                Piece::Raw(ref bytes) => Segment::Raw(bytes.clone()),
+        let locate = |piece: Piece| -> Option<Segment> {
+            Some(match piece {
+                Piece::Raw(bytes) => Segment::Raw(bytes),
                 Piece::Zeros(len) => Segment::Zeros(len),
                 Piece::Contents { node, offset, len } => match &index.node(node)?.kind {
                     NodeKind::File {
@@ -290,7 +309,7 @@ impl Recorder {
                     compressed_len: m.compressed_len,
                     tar_len: m.tar_len,
                     tar_hash: m.tar_hash,
-                    segments: m.pieces.iter().map(locate).collect::<Option<_>>()?,
+                    segments: m.pieces.into_iter().map(locate).collect::<Option<_>>()?,
                 })
             })
             .collect()
@@ -324,8 +343,13 @@ fn raw_pieces(mut bytes: &[u8], out: &mut Vec<Piece>) {
 }
 
 /// Writes an entry's records, with a checksum like its index.
-pub fn write_records(path: &Path, records: &[MemberRecord]) -> io::Result<()> {
-    let bytes = postcard::to_stdvec(records).map_err(io::Error::other)?;
+pub fn write_records(path: &Path, mut records: &[MemberRecord]) -> io::Result<()> {
+    let mut bytes = postcard::to_stdvec(records).map_err(io::Error::other)?;
+    // Never more than a load will read back (the cost bound keeps well below it).
+    while bytes.len() as u64 + 8 > MAX_RECORDS {
+        records = &records[..records.len() * 3 / 4];
+        bytes = postcard::to_stdvec(records).map_err(io::Error::other)?;
+    }
     let mut file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -351,12 +375,23 @@ fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
         return Err(damaged());
     }
     let records: Vec<MemberRecord> = postcard::from_bytes(body).map_err(|_| damaged())?;
-    // Each segment but the last few stands for at least 16 tar bytes (a header holds
-    // a few pieces, contents one): more would make one rebuild open files for nothing.
-    if records
-        .iter()
-        .any(|r| r.tar_len > MAX_RECORDED as u64 || r.segments.len() as u64 > r.tar_len / 16 + 8)
-    {
+    // Each segment but the last few stands for at least 16 tar bytes (a raw one and
+    // the zero run after it, ZERO_RUN + 1): more would make a rebuild open files for
+    // nothing. In all, records cost what a load would have let them cost.
+    let mut total = 0;
+    for record in &records {
+        if record.tar_len > MAX_RECORDED as u64
+            || record.segments.len() as u64 > record.tar_len / 16 + 8
+        {
+            return Err(damaged());
+        }
+        let raw = record.segments.iter().map(|s| match s {
+            Segment::Raw(bytes) => bytes.len(),
+            _ => 0,
+        });
+        total += cost(record.segments.len(), raw.sum());
+    }
+    if total > MAX_RECORDS {
         return Err(damaged());
     }
     Ok(records)
@@ -586,7 +621,11 @@ impl<R: Read> BufRead for Input<R> {
 
     fn consume(&mut self, n: usize) {
         let taken = &self.buf[self.start..self.start + n];
-        self.hasher.update(taken);
+        // A member longer than MAX_PEEK is never recorded, so its digest is not needed
+        // (the download as a whole is hashed elsewhere).
+        if self.taken <= MAX_PEEK as u64 {
+            self.hasher.update(taken);
+        }
         let want = (PREFIX - self.head.len()).min(n);
         self.head.extend_from_slice(&taken[..want]);
         self.taken += n as u64;
@@ -757,7 +796,14 @@ impl<R: Read> Read for MemberReader<R> {
                     self.state = State::Boundary;
                 }
                 State::Inflating { decoder, tar, .. } => {
-                    let n = decoder.read(out)?;
+                    let n = match decoder.read(out) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            // A broken member ends the stream: nothing after it is read.
+                            self.state = State::Done;
+                            return Err(e);
+                        }
+                    };
                     if n > 0 {
                         if let Some(kept) = tar {
                             if kept.len() + n <= MAX_RECORDED {
@@ -1315,6 +1361,57 @@ mod tests {
         assert!((2..=16).contains(&counts.mismatched), "{counts:?}");
     }
 
+    /// Records small on disk but large in memory are refused as a whole: what a
+    /// load reads back costs what a load that made them could have spent.
+    #[test]
+    fn records_costing_more_than_the_budget_in_memory_are_not_read() {
+        let work = tempfile::tempdir().unwrap();
+        let record = MemberRecord {
+            prefix: 1,
+            compressed: [1; 32],
+            compressed_len: 1000,
+            tar_len: 4096,
+            tar_hash: 0,
+            segments: vec![Segment::Zeros(16); 200],
+        };
+        let many = vec![record; 2000];
+        assert!(cost(200, 0) * 2000 > MAX_RECORDS);
+        let path = work.path().join("members");
+        write_records(&path, &many).unwrap();
+        assert!(fs::metadata(&path).unwrap().len() < MAX_RECORDS / 4);
+        assert_eq!(
+            read_records(&path).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        let path = work.path().join("fewer");
+        write_records(&path, &many[..100]).unwrap();
+        assert_eq!(read_records(&path).unwrap().len(), 100);
+    }
+
+    /// Where file contents went is kept only while a member that may hold them is
+    /// still to be recorded: an archive of no recordable member keeps none of it.
+    #[test]
+    fn contents_are_forgotten_once_no_member_needs_them() {
+        let mut recorder = Recorder::default();
+        for i in 0..1000u64 {
+            recorder.contents_at(i as u32, i * 1024 + 512, 100);
+        }
+        recorder.finish_through(500 * 1024);
+        assert_eq!(recorder.contents.len(), 500);
+        recorder.member(Unfinished {
+            prefix: 0,
+            compressed: [0; 32],
+            compressed_len: 300,
+            start: 600 * 1024,
+            tar: Arc::new(vec![0; 1024]),
+        });
+        recorder.finish_through(900 * 1024);
+        // The member (600 KiB to 601 KiB) was recorded, and everything before 900 KiB
+        // went with it.
+        assert_eq!(recorder.contents.len(), 100);
+        assert_eq!(recorder.done.len(), 1);
+    }
+
     fn inflate_all(mut reader: impl Read) -> Result<Vec<u8>, ()> {
         let mut out = Vec::new();
         let mut buf = [0u8; 777];
@@ -1345,9 +1442,14 @@ mod tests {
         ];
         for (i, case) in cases.iter().enumerate() {
             let recorder = Arc::new(Mutex::new(Recorder::default()));
-            let ours = inflate_all(MemberReader::new(&case[..], Known::default(), recorder));
+            let mut reader = MemberReader::new(&case[..], Known::default(), recorder);
+            let ours = inflate_all(&mut reader);
             let theirs = inflate_all(flate2::read::MultiGzDecoder::new(&case[..]));
             assert_eq!(ours, theirs, "case {i}");
+            if ours.is_err() {
+                // After an error the stream has ended.
+                assert_eq!(reader.read(&mut [0; 16]).unwrap(), 0, "case {i}");
+            }
         }
     }
 }
