@@ -359,7 +359,8 @@ pub fn write_records(path: &Path, mut records: &[MemberRecord]) -> io::Result<()
     file.write_all(&xxh3_64(&bytes).to_le_bytes())
 }
 
-fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
+/// An entry's records and what they cost in memory.
+fn read_records(path: &Path) -> io::Result<(Vec<MemberRecord>, u64)> {
     let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(MAX_RECORDS + 1).read_to_end(&mut bytes)?;
@@ -394,7 +395,7 @@ fn read_records(path: &Path) -> io::Result<Vec<MemberRecord>> {
     if total > MAX_RECORDS {
         return Err(damaged());
     }
-    Ok(records)
+    Ok((records, total))
 }
 
 // --- what the cache holds ------------------------------------------------------------
@@ -413,14 +414,22 @@ pub struct Known {
 }
 
 impl Known {
-    /// Reads the records of the entries in `dirs`; an entry without readable records
-    /// is left out.
+    /// Reads the records of the entries in `dirs`, most useful first; an entry without
+    /// readable records is left out, and no more are read once they cost
+    /// [`MAX_RECORDS`] (so less than twice that in all).
     pub fn read(dirs: impl IntoIterator<Item = PathBuf>) -> Known {
         let mut known = Known::default();
+        let mut total = 0;
         for dir in dirs {
+            if total >= MAX_RECORDS {
+                break;
+            }
             let path = dir.join("members");
             let records = match read_records(&path) {
-                Ok(records) => records,
+                Ok((records, cost)) => {
+                    total += cost;
+                    records
+                }
                 Err(e) => {
                     if e.kind() != io::ErrorKind::NotFound {
                         tracing::debug!(path = %path.display(), error = %e, "member records not used");
@@ -1076,7 +1085,7 @@ mod tests {
             .join("cache/checkpoints")
             .join(turns[0].as_str())
             .join("members");
-        let mut records = read_records(&path).unwrap();
+        let mut records = read_records(&path).unwrap().0;
         let mut digests: Vec<[u8; 32]> = Vec::new();
         for record in &records {
             for segment in &record.segments {
@@ -1222,7 +1231,7 @@ mod tests {
         let (cache, entry) =
             records_of(work.path(), &store, &[member.clone(), end.clone()].concat());
         let path = entry.join("members");
-        let mut records = read_records(&path).unwrap();
+        let mut records = read_records(&path).unwrap().0;
         let record = records
             .iter_mut()
             .find(|r| r.compressed_len == member.len() as u64)
@@ -1259,7 +1268,7 @@ mod tests {
         let full = gzip(&tar_of(&[("a", Some(&noise(3000, 5)))]));
         let archive = [full.clone(), empty, gzip(&[0; 1024])].concat();
         let (_cache, entry) = records_of(work.path(), &store, &archive);
-        let records = read_records(&entry.join("members")).unwrap();
+        let records = read_records(&entry.join("members")).unwrap().0;
         let lens: Vec<u64> = records.iter().map(|r| r.compressed_len).collect();
         assert_eq!(lens, [full.len() as u64], "{lens:?}");
     }
@@ -1316,7 +1325,7 @@ mod tests {
         };
         let path = work.path().join("fine");
         write_records(&path, std::slice::from_ref(&fine)).unwrap();
-        assert_eq!(read_records(&path).unwrap(), [fine]);
+        assert_eq!(read_records(&path).unwrap().0, [fine]);
 
         let link = work.path().join("link");
         std::os::unix::fs::symlink(&path, &link).unwrap();
@@ -1385,7 +1394,35 @@ mod tests {
         );
         let path = work.path().join("fewer");
         write_records(&path, &many[..100]).unwrap();
-        assert_eq!(read_records(&path).unwrap().len(), 100);
+        assert_eq!(read_records(&path).unwrap().0.len(), 100);
+    }
+
+    /// The records of several entries are read until they cost the budget of one:
+    /// memory for records stays under twice it, whatever the entries hold.
+    #[test]
+    fn entries_are_read_until_their_records_cost_the_budget() {
+        let work = tempfile::tempdir().unwrap();
+        let records: Vec<MemberRecord> = (0..900u64)
+            .map(|i| MemberRecord {
+                prefix: i,
+                compressed: [1; 32],
+                compressed_len: 1000,
+                tar_len: 4096,
+                tar_hash: 0,
+                segments: vec![Segment::Zeros(16); 200],
+            })
+            .collect();
+        let one = cost(200, 0) * 900;
+        assert!(one < MAX_RECORDS && 2 * one > MAX_RECORDS);
+        let dirs: Vec<PathBuf> = (0..3)
+            .map(|d| {
+                let dir = work.path().join(d.to_string());
+                fs::create_dir(&dir).unwrap();
+                write_records(&dir.join("members"), &records).unwrap();
+                dir
+            })
+            .collect();
+        assert_eq!(Known::read(dirs).entries.len(), 2);
     }
 
     /// Where file contents went is kept only while a member that may hold them is
