@@ -1269,29 +1269,40 @@ mod tests {
         assert_eq!(lens, [full.len() as u64], "{lens:?}");
     }
 
+    /// A record found by `prefix`, of `tar_len` bytes made of `segments`, with no
+    /// entry files behind it: for what reading records does, not rebuilding.
+    fn bare_record(prefix: u64, id: u8, tar_len: u64, segments: Vec<Segment>) -> MemberRecord {
+        MemberRecord {
+            prefix,
+            compressed: [id; 32],
+            compressed_len: 1000,
+            tar_len,
+            tar_hash: 0,
+            segments,
+        }
+    }
+
+    /// `n` entry directories in `work`, each with `records` as its members file.
+    fn entries_with(work: &Path, n: usize, records: &[MemberRecord]) -> Vec<PathBuf> {
+        (0..n)
+            .map(|d| {
+                let dir = work.join(d.to_string());
+                fs::create_dir(&dir).unwrap();
+                write_records(&dir.join("members"), records).unwrap();
+                dir
+            })
+            .collect()
+    }
+
     /// Many records with the same first bytes fill one bucket only up to what a
     /// boundary checks.
     #[test]
     fn a_prefix_bucket_holds_no_more_than_a_boundary_checks() {
         let work = tempfile::tempdir().unwrap();
-        let record = |i: u8| MemberRecord {
-            prefix: 7,
-            compressed: [i; 32],
-            compressed_len: 1000,
-            tar_len: 512,
-            tar_hash: 0,
-            segments: vec![Segment::Zeros(512)],
-        };
-        let dirs: Vec<PathBuf> = (0..3)
-            .map(|d| {
-                let dir = work.path().join(d.to_string());
-                fs::create_dir(&dir).unwrap();
-                let records: Vec<MemberRecord> = (0..200).map(record).collect();
-                write_records(&dir.join("members"), &records).unwrap();
-                dir
-            })
+        let records: Vec<MemberRecord> = (0..200)
+            .map(|i| bare_record(7, i, 512, vec![Segment::Zeros(512)]))
             .collect();
-        let known = Known::read(dirs);
+        let known = Known::read(entries_with(work.path(), 3, &records));
         assert_eq!(known.by_prefix.len(), 1);
         assert_eq!(known.by_prefix[&7].len(), MAX_CANDIDATES);
     }
@@ -1301,14 +1312,7 @@ mod tests {
     #[test]
     fn records_out_of_bounds_or_not_regular_files_are_not_read() {
         let work = tempfile::tempdir().unwrap();
-        let many = MemberRecord {
-            prefix: 1,
-            compressed: [1; 32],
-            compressed_len: 1000,
-            tar_len: 512,
-            tar_hash: 0,
-            segments: vec![Segment::Zeros(1); 512],
-        };
+        let many = bare_record(1, 1, 512, vec![Segment::Zeros(1); 512]);
         let path = work.path().join("many");
         write_records(&path, std::slice::from_ref(&many)).unwrap();
         assert_eq!(
@@ -1371,15 +1375,7 @@ mod tests {
     #[test]
     fn records_costing_more_than_the_budget_in_memory_are_not_read() {
         let work = tempfile::tempdir().unwrap();
-        let record = MemberRecord {
-            prefix: 1,
-            compressed: [1; 32],
-            compressed_len: 1000,
-            tar_len: 4096,
-            tar_hash: 0,
-            segments: vec![Segment::Zeros(16); 200],
-        };
-        let many = vec![record; 2000];
+        let many = vec![bare_record(1, 1, 4096, vec![Segment::Zeros(16); 200]); 2000];
         assert!(cost(200, 0) * 2000 > MAX_RECORDS);
         let path = work.path().join("members");
         write_records(&path, &many).unwrap();
@@ -1399,25 +1395,11 @@ mod tests {
     fn entries_are_read_until_their_records_cost_the_budget() {
         let work = tempfile::tempdir().unwrap();
         let records: Vec<MemberRecord> = (0..900u64)
-            .map(|i| MemberRecord {
-                prefix: i,
-                compressed: [1; 32],
-                compressed_len: 1000,
-                tar_len: 4096,
-                tar_hash: 0,
-                segments: vec![Segment::Zeros(16); 200],
-            })
+            .map(|i| bare_record(i, 1, 4096, vec![Segment::Zeros(16); 200]))
             .collect();
         let one = cost(200, 0) * 900;
         assert!(one < MAX_RECORDS && 2 * one > MAX_RECORDS);
-        let dirs: Vec<PathBuf> = (0..3)
-            .map(|d| {
-                let dir = work.path().join(d.to_string());
-                fs::create_dir(&dir).unwrap();
-                write_records(&dir.join("members"), &records).unwrap();
-                dir
-            })
-            .collect();
+        let dirs = entries_with(work.path(), 3, &records);
         assert_eq!(Known::read(dirs).entries.len(), 2);
     }
 
