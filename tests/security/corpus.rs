@@ -4,7 +4,8 @@
 //! `verify` (its bytes hash to its name), must be refused by `get` with a one-line
 //! error or restored harmlessly, within 150 MiB and a time limit, and must leave
 //! everything outside DEST as it was; then one mount serves them all, answering each
-//! with a readable tree or EIO (its reason in `.status`), and survives.
+//! with a readable tree or EIO (its reason in `.status`), within 200 MiB, and
+//! survives.
 
 use std::fs;
 use std::io::Read;
