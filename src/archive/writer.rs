@@ -508,6 +508,23 @@ mod tests {
             f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000))
                 .unwrap();
         }
+        // The symlink's own time too: two trees made across a second boundary must not
+        // differ in it.
+        let when = rustix::fs::Timespec {
+            tv_sec: 1_700_000_000,
+            tv_nsec: 0,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: when,
+            last_modification: when,
+        };
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            root.join("link"),
+            &times,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
     }
 
     #[test]
