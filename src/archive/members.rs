@@ -26,12 +26,14 @@
 //!   every capture, also one that failed.
 //!
 //! `DIR/<encoder>/layouts/<object>` records which members (by the SHA-256 of their
-//! compressed bytes) an object stored by a capture here is made of, for the last
-//! [`LAYOUTS_KEPT`] objects: where a new archive's members sit in an object the store
-//! already holds, the store can copy them instead of receiving them
-//! ([`MemberCache::reuse`]). A layout is only a hint: the store checks every copied
-//! range against the new archive's own bytes, so a stale or planted layout costs a
-//! fallback to a full upload, never a wrong object.
+//! compressed bytes) an object is made of, for the last [`LAYOUTS_KEPT`] objects that
+//! a capture here stored or a mount here downloaded and verified (so that a replica
+//! that only opened turn N still has the store copy from it when it seals turn N+1):
+//! where a new archive's members sit in an object the store already holds, the store
+//! can copy them instead of receiving them ([`MemberCache::reuse`]). A layout is only
+//! a hint: the store checks every copied range against the new archive's own bytes,
+//! so a stale or planted layout costs a fallback to a full upload, never a wrong
+//! object.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;

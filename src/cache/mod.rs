@@ -8,8 +8,9 @@
 //! checkpoints/trash-*        an evicted entry being deleted; removed at start-up
 //! blobs/<sha256>             files of their own shared by entries (see [`blobs`])
 //! lock                       flock: one daemon per cache directory
-//! members/                   compressed gzip members of captures (not this module's:
-//!                            see `crate::archive::members`; shared with `put`)
+//! members/                   compressed gzip members of captures, and the layouts of
+//!                            objects stored or downloaded (not this module's: see
+//!                            `crate::archive::members`; shared with `put`)
 //! ```
 //!
 //! Invariants:
@@ -33,7 +34,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use lru::LruCache;
@@ -42,6 +43,7 @@ use blobs::Blobs;
 pub use entry::{PendingEntry, Provenance, VerifiedCheckpoint};
 
 use crate::archive::index::{self, Index};
+use crate::archive::members::MemberCache;
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::pipe::{PipeReader, pipe};
@@ -110,6 +112,8 @@ pub struct Cache {
     evictions: AtomicU64,
     reused_members: AtomicU64,
     inflated_members: AtomicU64,
+    /// Where the layouts of downloads are recorded, for captures to copy from.
+    layouts: OnceLock<Arc<MemberCache>>,
 }
 
 /// What the cache has done so far, for `.status`.
@@ -232,6 +236,7 @@ impl Cache {
             evictions: AtomicU64::new(0),
             reused_members: AtomicU64::new(0),
             inflated_members: AtomicU64::new(0),
+            layouts: OnceLock::new(),
         })
     }
 
@@ -304,12 +309,18 @@ impl Cache {
         pending.record_members(Arc::clone(&recorder));
         let known = Known::read(self.recent_entries(REUSE_SOURCES));
         let (chunks, verdict) = read_ahead(reader);
-        let built = index::build(
-            MemberReader::new(chunks, known, Arc::clone(&recorder)),
-            &mut pending,
-            limits,
-            default_mtime,
-        );
+        let mut tar = MemberReader::new(chunks, known, Arc::clone(&recorder));
+        let built = index::build(&mut tar, &mut pending, limits, default_mtime);
+        if built.is_ok() {
+            // The indexer stops at the tar's end, inside the last member: reading on
+            // to that member's end records it too (layout and reuse). Bounded: no
+            // member holds more tar than this, and anything may follow an archive.
+            let tail = crate::archive::gz::CHUNK_SIZE as u64 + 1;
+            let _ = io::copy(&mut (&mut tar).take(tail), &mut io::sink());
+        }
+        // Before the verdict is awaited: the download thread must not wait on a pipe
+        // nobody reads.
+        drop(tar);
         let counts = recorder.lock().expect("member recorder lock").counts();
         self.reused_members
             .fetch_add(counts.reused, Ordering::Relaxed);
@@ -330,7 +341,22 @@ impl Cache {
         let provenance = Provenance::Store {
             verified_at: SystemTime::now(),
         };
-        self.finish(pending, id, built?, provenance)
+        let checkpoint = self.finish(pending, id, built?, provenance)?;
+        let layout = recorder.lock().expect("member recorder lock").take_layout();
+        if let (Some(members), Some(layout)) = (self.layouts.get(), layout)
+            && let Err(e) = members.record_layout(&id.object_name(), &layout)
+        {
+            tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
+        }
+        Ok(checkpoint)
+    }
+
+    /// From now on, the gzip members of each verified download are recorded in
+    /// `members` as that object's layout: a seal of the next turn (typically a copy of
+    /// this checkpoint with a few changes) then has the store copy the members they
+    /// share instead of sending them, also on a replica that never captured this one.
+    pub fn record_layouts_in(&self, members: Arc<MemberCache>) {
+        let _ = self.layouts.set(members);
     }
 
     /// Starts a new entry in a private directory of its own; it becomes visible only

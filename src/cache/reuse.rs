@@ -49,6 +49,7 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::archive::index::{FileLocation, Index, NodeKind};
+use crate::archive::members::MemberSpan;
 use crate::beneath::open_regular;
 
 /// Compressed bytes hashed to find candidates (members shorter are not recorded).
@@ -68,6 +69,9 @@ const MAX_RECORDS: u64 = 16 << 20;
 /// and an archive made to give many records the same first bytes must not make a
 /// load quadratic.
 const MAX_CANDIDATES: usize = 4;
+/// The most members of one download whose layout is kept (40 bytes each in memory):
+/// capture makes about one per MiB of tar, so this covers archives of tens of GiB.
+const MAX_LAYOUT_MEMBERS: usize = 1 << 16;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -167,11 +171,39 @@ pub struct Recorder {
     /// (tar offset, length, SHA-256) of whole files rebuilt, in stream order.
     digests: VecDeque<(u64, u64, [u8; 32])>,
     counts: ReuseCounts,
+    /// Every member of the download so far, in order: the SHA-256 of its compressed
+    /// bytes (zeros past [`MAX_PEEK`], where it is not computed; no member of a
+    /// capture is that long) and their length.
+    layout: Vec<MemberSpan>,
+    /// More than [`MAX_LAYOUT_MEMBERS`] came: no layout.
+    layout_dropped: bool,
 }
 
 impl Recorder {
     pub fn counts(&self) -> ReuseCounts {
         self.counts
+    }
+
+    /// The download's members, in order from its first byte, if they were few enough
+    /// to keep: where a capture may find its own members in this object, for the
+    /// store to copy them (see `crate::archive::members`). Members the indexer had no
+    /// need to read (after the tar's end) are left out; the offsets of those listed
+    /// stay right.
+    pub fn take_layout(&mut self) -> Option<Vec<MemberSpan>> {
+        let layout = std::mem::take(&mut self.layout);
+        (!self.layout_dropped && !layout.is_empty()).then_some(layout)
+    }
+
+    fn layout_push(&mut self, digest: [u8; 32], length: u64) {
+        if self.layout_dropped {
+            return;
+        }
+        if self.layout.len() >= MAX_LAYOUT_MEMBERS {
+            self.layout_dropped = true;
+            self.layout = Vec::new();
+            return;
+        }
+        self.layout.push(MemberSpan { digest, length });
     }
 
     /// Node `node`'s contents are the `len` tar bytes at `offset`.
@@ -756,6 +788,7 @@ impl<R: Read> MemberReader<R> {
                     input.skip(len);
                     let tar = Arc::new(tar);
                     recorder.counts.reused += 1;
+                    recorder.layout_push(record.compressed, record.compressed_len);
                     let start = self.served;
                     let found = digests.into_iter().map(|(at, l, d)| (start + at, l, d));
                     recorder.digests.extend(found);
@@ -833,6 +866,13 @@ impl<R: Read> Read for MemberReader<R> {
                     self.input = Some(input);
                     let mut recorder = self.recorder();
                     recorder.counts.inflated += 1;
+                    // Hashed whole only up to MAX_PEEK (see `Input::consume`).
+                    let digest = if compressed_len <= MAX_PEEK as u64 {
+                        compressed
+                    } else {
+                        [0; 32]
+                    };
+                    recorder.layout_push(digest, compressed_len);
                     let recordable = (PREFIX as u64..=MAX_PEEK as u64).contains(&compressed_len);
                     if let Some(tar) = tar.filter(|_| recordable) {
                         recorder.member(Unfinished {
@@ -1006,6 +1046,63 @@ mod tests {
         let checkpoint = load(&cache, store, id);
         assert_eq!(cache.stats().reused_members, 0);
         (checkpoint.index.clone(), contents(&checkpoint))
+    }
+
+    /// The gzip members of `bytes`, as a reader splitting at member ends sees them.
+    fn members_of(bytes: &[u8]) -> Vec<MemberSpan> {
+        let mut spans = Vec::new();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let mut decoder = flate2::bufread::GzDecoder::new(rest);
+            io::copy(&mut decoder, &mut io::sink()).unwrap();
+            let left = decoder.into_inner().len();
+            let member = &rest[..rest.len() - left];
+            spans.push(MemberSpan {
+                digest: Sha256::digest(member).into(),
+                length: member.len() as u64,
+            });
+            rest = &rest[rest.len() - left..];
+        }
+        spans
+    }
+
+    /// A verified download's layout is recorded, whether its members were inflated
+    /// (turn 0) or rebuilt from the turn before (turn 1): a capture of either tree
+    /// then finds every member of its archive in that object, at its own offset.
+    #[test]
+    fn downloads_record_their_layout_for_the_store_to_copy_from() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let turns = stored_turns(work.path(), &store, 2);
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        let members = Arc::new(
+            crate::archive::members::MemberCache::open(&work.path().join("cache/members"), 1 << 30)
+                .unwrap(),
+        );
+        cache.record_layouts_in(Arc::clone(&members));
+        for (turn, id) in turns.iter().enumerate() {
+            load(&cache, &store, id);
+            let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
+            let spans = members_of(&bytes);
+            assert!(spans.len() > 5, "{} members", spans.len());
+            // Every byte is found, and found right, in this object or the one before.
+            let runs = members.reuse(&spans);
+            let found: u64 = runs.iter().map(|r| r.length).sum();
+            assert_eq!(found, bytes.len() as u64, "turn {turn}: {runs:?}");
+            for run in runs {
+                let source = fs::read(work.path().join("store").join(&run.source)).unwrap();
+                let (at, from, len) = (
+                    run.offset as usize,
+                    run.source_offset as usize,
+                    run.length as usize,
+                );
+                assert!(
+                    source[from..from + len] == bytes[at..at + len],
+                    "turn {turn}: {run:?}"
+                );
+            }
+        }
+        assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
     }
 
     #[test]

@@ -202,6 +202,9 @@ impl CheckpointFs {
         config: FsConfig,
     ) -> Arc<Self> {
         let mounted_at = SystemTime::now();
+        if let Some(members) = &config.members {
+            cache.record_layouts_in(Arc::clone(members));
+        }
         let catalog = Arc::new(Catalog::new(mounted_at, config.read_only));
         let loader = Arc::new(Loader::start(
             Arc::clone(&store),

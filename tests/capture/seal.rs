@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use super::{cp_a, make_workspace, sh, tar_xzf};
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
-use crate::util::tree::{assert_same_tree, fix_mtimes, make_random_tree, make_small_tree};
+use crate::util::tree::{
+    assert_same_tree, fix_mtimes, make_random_tree, make_small_tree, make_turn_tree,
+};
 use crate::util::{
-    ObjectMeta, TestStore, ckptfs, is_sha256_hex, parse_put_output, parse_verify_output, run,
-    sha256_hex,
+    ObjectMeta, TestStore, ckptfs, is_sha256_hex, logged_count, parse_put_output,
+    parse_verify_output, run, sha256_hex,
 };
 
 /// Asserts that `staging/NAME` is gone, on the mount and on the backing disk.
@@ -256,4 +258,52 @@ fn resealing_the_same_tree_keeps_its_checkpoint_readable() {
         mount.log_excerpt()
     );
     assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
+}
+
+/// A replica that only opened turn N (another machine captured it) seals turn N+1,
+/// a copy with one file changed, by sending about S3's minimum part around the change:
+/// the mount recorded the layout of turn N's object when it downloaded and verified
+/// it, and the store copies the members the two turns share. The member cache was
+/// empty (nothing reused), and the object is the one `ckptfs put` makes of that tree.
+#[test]
+fn a_replica_that_opened_turn_n_sends_only_the_change_of_turn_n_plus_1() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-replica-");
+    let (turn_n, turn_n1) = (work.path().join("n"), work.path().join("n1"));
+    make_turn_tree(&turn_n, 60, None);
+    make_turn_tree(&turn_n1, 60, Some(30));
+    // Captured elsewhere: no member cache, so no layout but the mount's own.
+    let put = |tree: &Path, store: &TestStore| {
+        let out = run(ckptfs()
+            .arg("put")
+            .arg(store.url())
+            .arg(tree)
+            .args(["--member-cache-size", "0"]))
+        .success();
+        parse_put_output(&out)
+    };
+    let (sha_n, _) = put(&turn_n, &store);
+    let (want, size) = put(&turn_n1, &TestStore::local());
+
+    let mount = Mount::new(&store).staging().part_size("5MiB").start();
+    let staged = mount.staged("turn-n1");
+    fs::create_dir(&staged).unwrap();
+    cp_a(&mount.join(&sha_n).join("."), &staged);
+    cp_a(&turn_n1.join("f030.bin"), &staged.join("f030.bin"));
+    fs::rename(&staged, mount.committed("turn-n1"))
+        .unwrap_or_else(|e| panic!("seal turn N+1: {e}\n{}", mount.log_excerpt()));
+    assert_eq!(
+        mount.commit_target("turn-n1"),
+        want,
+        "not the tree put makes"
+    );
+
+    let log = mount.log_text();
+    let sealed = log.lines().rfind(|l| l.contains(" sealed ")).unwrap();
+    let (sent, copied) = (logged_count(sealed, "sent"), logged_count(sealed, "copied"));
+    assert_eq!(logged_count(sealed, "members_reused"), 0, "{sealed}");
+    assert_eq!(sent + copied, size, "{sealed}");
+    assert!(sent <= 10 << 20 && copied >= 8 << 20, "{sealed}");
+    let bytes = store.object_bytes(&want).expect("the sealed object");
+    assert_eq!(sha256_hex(&bytes), want);
 }
