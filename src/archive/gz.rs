@@ -60,7 +60,7 @@ pub struct ParallelGzWriter<W: Write> {
     after_large: bool,
 }
 
-pub(super) fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
+pub(crate) fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
     let mut encoder = GzBuilder::new().mtime(0).operating_system(3).write(
         Vec::with_capacity(data.len() / 2 + 64),
         Compression::default(),

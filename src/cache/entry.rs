@@ -121,6 +121,12 @@ impl VerifiedCheckpoint {
     pub fn open_own(&self, node: u32) -> io::Result<File> {
         File::open(own_file_path(&self.dir, node))
     }
+
+    /// The tar bytes of the gzip members its load recorded, in order (see
+    /// [`reuse::rebuild_each`]); `each` says whether to go on.
+    pub fn member_tars(&self, each: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
+        reuse::rebuild_each(&self.dir, each)
+    }
 }
 
 /// A cache entry being written; removed unless finished. The indexer writes file

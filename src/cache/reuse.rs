@@ -563,6 +563,29 @@ fn rebuild(
     Ok(tar)
 }
 
+/// The tar bytes of each member the entry in `dir` recorded, in archive order, rebuilt
+/// from its files and checked against the record (length and xxh3-128): `each` gets
+/// those that rebuild right, and says whether to go on. Returns how many it got.
+pub fn rebuild_each(dir: &Path, mut each: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
+    let (records, _) = read_records(&dir.join("members"))?;
+    let (mut pack, mut digests, mut given) = (None, Vec::new(), 0);
+    for record in &records {
+        digests.clear();
+        match rebuild(dir, &mut pack, record, &mut digests) {
+            Ok(tar) if tar.len() as u64 == record.tar_len && xxh3_128(&tar) == record.tar_hash => {
+                given += 1;
+                if !each(&tar) {
+                    break;
+                }
+            }
+            _ => {
+                tracing::debug!(entry = %dir.display(), "a recorded member did not rebuild to its bytes; skipped")
+            }
+        }
+    }
+    Ok(given)
+}
+
 /// Appends `len` bytes of `file` at `offset` to `out` (without zeroing them first).
 fn append_range(mut file: &File, offset: u64, len: u64, out: &mut Vec<u8>) -> io::Result<()> {
     file.seek(io::SeekFrom::Start(offset))?;
@@ -1048,22 +1071,68 @@ mod tests {
         (checkpoint.index.clone(), contents(&checkpoint))
     }
 
-    /// The gzip members of `bytes`, as a reader splitting at member ends sees them.
-    fn members_of(bytes: &[u8]) -> Vec<MemberSpan> {
-        let mut spans = Vec::new();
+    /// The gzip members of `bytes`, as a reader splitting at member ends sees them,
+    /// and the tar bytes of each.
+    fn members_of(bytes: &[u8]) -> (Vec<MemberSpan>, Vec<Vec<u8>>) {
+        let (mut spans, mut tars) = (Vec::new(), Vec::new());
         let mut rest = bytes;
         while !rest.is_empty() {
             let mut decoder = flate2::bufread::GzDecoder::new(rest);
-            io::copy(&mut decoder, &mut io::sink()).unwrap();
+            let mut tar = Vec::new();
+            decoder.read_to_end(&mut tar).unwrap();
             let left = decoder.into_inner().len();
             let member = &rest[..rest.len() - left];
             spans.push(MemberSpan {
                 digest: Sha256::digest(member).into(),
                 length: member.len() as u64,
             });
+            tars.push(tar);
             rest = &rest[rest.len() - left..];
         }
-        spans
+        (spans, tars)
+    }
+
+    /// What a load recorded rebuilds, in order, to the object's own members' tar
+    /// bytes (what priming the member cache compresses), whether the load inflated
+    /// them (turn 0) or rebuilt them (turn 1); only members too short to be worth a
+    /// record are missing.
+    #[test]
+    fn recorded_members_rebuild_to_the_members_of_the_object() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let turns = stored_turns(work.path(), &store, 2);
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        for id in &turns {
+            let checkpoint = load(&cache, &store, id);
+            let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
+            let (spans, tars) = members_of(&bytes);
+            let mut given = Vec::new();
+            let count = checkpoint
+                .member_tars(|tar| {
+                    given.push(tar.to_vec());
+                    true
+                })
+                .unwrap();
+            assert_eq!(count as usize, given.len());
+            let short = spans.iter().filter(|s| s.length < PREFIX as u64).count();
+            assert_eq!(given.len() + short, tars.len(), "{id}");
+            let mut rest = tars.iter();
+            for tar in &given {
+                assert!(
+                    rest.any(|t| t == tar),
+                    "{id}: a member out of order or wrong"
+                );
+            }
+            let mut seen = 0;
+            checkpoint
+                .member_tars(|_| {
+                    seen += 1;
+                    seen < 3
+                })
+                .unwrap();
+            assert_eq!(seen, 3, "it stops when told");
+        }
+        assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
     }
 
     /// A verified download's layout is recorded, whether its members were inflated
@@ -1083,7 +1152,7 @@ mod tests {
         for (turn, id) in turns.iter().enumerate() {
             load(&cache, &store, id);
             let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
-            let spans = members_of(&bytes);
+            let (spans, _) = members_of(&bytes);
             assert!(spans.len() > 5, "{} members", spans.len());
             // Every byte is found, and found right, in this object or the one before.
             let runs = members.reuse(&spans);

@@ -38,7 +38,7 @@ enum Handle {
     /// The checkpoint is held so that it is not evicted while open.
     Own {
         file: File,
-        _pin: Arc<VerifiedCheckpoint>,
+        checkpoint: Arc<VerifiedCheckpoint>,
     },
     Packed {
         checkpoint: Arc<VerifiedCheckpoint>,
@@ -295,10 +295,7 @@ impl Subtree for Checkpoints {
             FileLocation::Own => {
                 let file = checkpoint.open_own(node).map_err(FsError::Io)?;
                 let backing = file.try_clone().map_err(FsError::Io)?;
-                let handle = Handle::Own {
-                    file,
-                    _pin: checkpoint,
-                };
+                let handle = Handle::Own { file, checkpoint };
                 (handle, Some(backing))
             }
             FileLocation::Packed { offset } => (
@@ -343,18 +340,19 @@ impl Subtree for Checkpoints {
 
     fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
         let handle = self.handle(fh)?;
-        let (file, start, size) = match &*handle {
-            Handle::Own { file, .. } => (file, 0, u64::MAX),
+        let (file, start, size, from) = match &*handle {
+            Handle::Own { file, checkpoint } => (file, 0, u64::MAX, checkpoint),
             Handle::Packed {
                 checkpoint,
                 start,
                 size,
-            } => (checkpoint.pack(), *start, *size),
+            } => (checkpoint.pack(), *start, *size, checkpoint),
         };
         Ok(CopySource {
             file: file.try_clone().map_err(FsError::Io)?,
             start,
             size,
+            from: Some(Arc::clone(from)),
         })
     }
 

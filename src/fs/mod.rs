@@ -137,6 +137,9 @@ pub struct CopySource {
     pub file: std::fs::File,
     pub start: u64,
     pub size: u64,
+    /// The checkpoint the bytes belong to, if any: a workspace is being started
+    /// from it.
+    pub from: Option<Arc<crate::cache::VerifiedCheckpoint>>,
 }
 
 /// What each subtree answers. Changes are not part of it: only `staging/` takes
@@ -387,6 +390,10 @@ impl CheckpointFs {
             return Err(FsError::NotSupported("copy_file_range"));
         }
         let source = self.of_handle(fh_in).copy_source(fh_in)?;
+        // Its seal will compress only what changed, if the member cache has the rest.
+        if let Some(checkpoint) = &source.from {
+            self.sealer.prime(checkpoint);
+        }
         self.staging
             .copy_into(fh_out, offset_out, &source, offset_in, len)
     }

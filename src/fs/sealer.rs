@@ -19,18 +19,25 @@
 //! it ends either way; a sealer starting on the same cache directory (one daemon per
 //! cache directory) abandons the uploads a killed predecessor left, and deletes its
 //! unfinished archives.
+//!
+//! A workspace started from a checkpoint (the kernel's copies into `staging/` name
+//! it) makes the sealer fill the member cache with that checkpoint's gzip members, as
+//! capture compresses them, in the background at the lowest CPU priority
+//! ([`Sealer::prime`]): the seal of the next turn then compresses only what changed,
+//! on a replica that never captured the turn it started from as on one that did.
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use super::listing::Catalog;
 use super::loader::Loader;
 use super::{FsError, StagingTree};
 use crate::archive::index;
 use crate::archive::{ArchiveError, Limits};
-use crate::cache::{Cache, Provenance};
+use crate::cache::{Cache, Provenance, VerifiedCheckpoint};
 use crate::checkpoint::{
     self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, PutReport, StoreOutcome,
 };
@@ -84,6 +91,8 @@ pub struct Sealer {
     loader: Arc<Loader>,
     config: SealerConfig,
     seals: Mutex<Seals>,
+    /// Checkpoints whose members were put in the member cache, or are being.
+    primed: Mutex<HashSet<CheckpointId>>,
 }
 
 fn seal_error(e: CheckpointError) -> FsError {
@@ -115,6 +124,7 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
+            primed: Mutex::new(HashSet::new()),
         };
         sealer.recover();
         sealer
@@ -151,6 +161,49 @@ impl Sealer {
                     tracing::warn!(object = %name, error = %e, "could not clean up an interrupted upload; will try again at the next start")
                 }
             }
+        }
+    }
+
+    /// Puts the gzip members of `checkpoint` in the member cache, compressed as
+    /// capture compresses them, once per checkpoint and mount, on a thread of its own
+    /// at the lowest CPU priority. They come from the cache entry's records of its
+    /// members (rebuilt from its files and checked), never from the downloaded bytes:
+    /// an object compressed some other way must not change what a capture writes.
+    /// A seal running meanwhile takes what is already there and compresses the rest.
+    pub fn prime(&self, checkpoint: &Arc<VerifiedCheckpoint>) {
+        let Some(members) = self.config.members.clone() else {
+            return;
+        };
+        if !(self.primed.lock().expect("primed lock")).insert(checkpoint.id.clone()) {
+            return;
+        }
+        let checkpoint = Arc::clone(checkpoint);
+        let spawned = std::thread::Builder::new()
+            .name("ckptfs-prime".into())
+            .spawn(move || {
+                // Idle work: the caller's copy, seals and reads come first.
+                // SAFETY: setpriority has no memory preconditions; on Linux a thread
+                // id names that thread alone.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
+                let started = Instant::now();
+                let mut failed = None;
+                let done = checkpoint.member_tars(|tar| {
+                    let compress = crate::archive::gz::compress_member;
+                    match members.get_or_compress(tar, compress) {
+                        Ok(_) => true,
+                        Err(e) => {
+                            failed = Some(e);
+                            false
+                        }
+                    }
+                });
+                match (done, failed) {
+                    (Ok(count), None) => tracing::info!(checkpoint = %checkpoint.id, members = count, elapsed = ?started.elapsed(), "member cache primed"),
+                    (Err(e), _) | (_, Some(e)) => tracing::warn!(checkpoint = %checkpoint.id, error = %e, "could not prime the member cache; the next seal compresses more"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start priming the member cache");
         }
     }
 

@@ -688,6 +688,7 @@ impl Subtree for StagingTree {
             file: file.try_clone().map_err(FsError::Os)?,
             start: 0,
             size: u64::MAX,
+            from: None,
         })
     }
 
