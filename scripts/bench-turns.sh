@@ -6,7 +6,9 @@
 #              (--cache-dir), vs a full put (empty member cache), vs the user's
 #              pipeline: tar -czf - | tee >(sha256sum) > x.tar.gz + aws s3 cp
 #   seal       through a mount: cp -a MNT/<last>/. MNT/staging/NAME/, one file
-#              changed, mv MNT/staging/NAME MNT/commit/, vs the full put
+#              changed, mv MNT/staging/NAME MNT/commit/, vs the full put; also the
+#              first seal of a replica that only downloaded the turns (once the copy's
+#              priming of its member cache ended), and one without a member cache
 #   copy       that cp -a (copy_file_range between the cache and staging/) vs cp -a
 #              between two local directories of the same disk
 #   uploaded   bytes sent per turn, as a share of the object
@@ -176,6 +178,10 @@ mount_ckptfs "$STORE" "$MNT" "$WORK/cache" --cache-size 8GiB
 PID="$CKPT_PID"
 for sha in "${SHAS[@]}"; do tar -cf - -C "$MNT/$sha" . >/dev/null; done
 CACHE_BYTES="$(du -sb "$WORK/cache/checkpoints" | awk '{ print $1 }')"
+# Seconds of a Rust Duration as the daemon logs it (`7.56s`, `950ms`, `12µs`).
+duration_s() {
+    awk -v d="$1" 'BEGIN { v = d + 0; if (d ~ /ms$/) v /= 1e3; else if (d ~ /µs$/) v /= 1e6; else if (d ~ /ns$/) v /= 1e9; printf "%.2f", v }'
+}
 for run in 1 2 3; do
     dest="$MNT/staging/turn-$run"
     mkdir "$dest"
@@ -183,21 +189,58 @@ for run in 1 2 3; do
     run_begin
     tm copy cp -a "$MNT/$LAST/." "$dest/"
     record copy_s "$(step_secs copy)"
+    if [ "$run" = 1 ]; then
+        # This replica only downloaded the turns (recording their layouts); the copy
+        # started putting turn N's gzip members in its member cache in the background.
+        # Wait for that to end, as an agent's work on the turn would.
+        for _ in $(seq 1 600); do
+            grep -q "member cache primed" "$WORK/cache/ckptfs.log" && break
+            sleep 0.2
+        done
+        primed_line="$(grep "member cache primed" "$WORK/cache/ckptfs.log" | tail -n 1)"
+        [ -n "$primed_line" ] || die "the member cache was never primed"
+        PRIMED="$(sed -n 's/.* members=\([0-9]*\).*/\1/p' <<<"$primed_line")"
+        record prime_s "$(duration_s "$(sed -n 's/.* elapsed=\([^ ]*\).*/\1/p' <<<"$primed_line")")"
+    fi
     mkdir "$LOCAL/copy-$run"
     settle
     run_begin
     tm local_copy cp -a "$TREE/." "$LOCAL/copy-$run/"
     record local_copy_s "$(step_secs local_copy)"
     rm -rf "$LOCAL/copy-$run"
-    # One file changed, then sealed. The first seal fills the mount's member cache.
+    # One file changed, then sealed (in run 1, this replica's first seal).
     one="$(find "$dest" -name '*.txt' -type f | sort | sed -n "${run}p")"
     echo "# sealed in run $run" >>"$one"
     settle
     run_begin
     tm seal mv "$dest" "$MNT/commit/"
-    [ "$run" = 1 ] || record seal_s "$(step_secs seal)"
-    [ "$run" = 1 ] || record seal_sent "$(grep ' sealed' "$WORK/cache/ckptfs.log" | sed -n 's/.* sent=\([0-9]*\).*/\1/p' | tail -n 1)"
+    sealed_line="$(grep ' sealed' "$WORK/cache/ckptfs.log" | tail -n 1)"
+    if [ "$run" = 1 ]; then
+        record first_seal_s "$(step_secs seal)"
+        record first_seal_sent "$(sed -n 's/.* sent=\([0-9]*\).*/\1/p' <<<"$sealed_line")"
+        # The counts are the mount's: the priming compressed PRIMED members.
+        record first_seal_compressed "$(($(sed -n 's/.* members_compressed=\([0-9]*\).*/\1/p' <<<"$sealed_line") - PRIMED))"
+    else
+        record seal_s "$(step_secs seal)"
+        record seal_sent "$(sed -n 's/.* sent=\([0-9]*\).*/\1/p' <<<"$sealed_line")"
+    fi
 done
+unmount_wait "$MNT" "$PID"
+
+# The same first seal on a replica without a member cache (--member-cache-size 0): no
+# layouts, nothing primed; what every replica's first seal cost before both.
+mount_ckptfs "$STORE" "$MNT" "$WORK/cache-bare" --cache-size 8GiB --member-cache-size 0
+PID="$CKPT_PID"
+dest="$MNT/staging/bare"
+mkdir "$dest"
+cp -a "$MNT/$LAST/." "$dest/"
+one="$(find "$dest" -name '*.txt' -type f | sort | sed -n 1p)"
+echo "# sealed without a member cache" >>"$one"
+settle
+run_begin
+tm seal mv "$dest" "$MNT/commit/"
+record bare_seal_s "$(step_secs seal)"
+record bare_seal_sent "$(grep ' sealed' "$WORK/cache-bare/ckptfs.log" | sed -n 's/.* sent=\([0-9]*\).*/\1/p' | tail -n 1)"
 unmount_wait "$MNT" "$PID"
 
 # --- tables ---------------------------------------------------------------------------
@@ -217,6 +260,10 @@ md_row "\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`" "$(f2 "$(med pipe_s)"
 md_row "put of a 1% turn, member cache of the turns before ($(med turn_reused) members reused, $(med turn_compressed) compressed)" \
     "$(f2 "$(med turn_s)")" "**$(ratio "$(med turn_s)" "$full")**" "≤ 0.25"
 md_row "seal of a one-file change through the mount" "$(f2 "$(med seal_s)")" "**$(ratio "$(med seal_s)" "$full")**" "≤ 0.3"
+md_row "the same, first seal on a replica that only downloaded turn N ($(med first_seal_compressed) members compressed; turn N's were primed in $(f2 "$(med prime_s)") s behind the copy)" \
+    "$(f2 "$(med first_seal_s)")" "$(ratio "$(med first_seal_s)" "$full")" ""
+md_row "the same, first seal on a replica without a member cache (\`--member-cache-size 0\`)" \
+    "$(f2 "$(med bare_seal_s)")" "$(ratio "$(med bare_seal_s)" "$full")" ""
 rebuilt="?" inflated="?"
 if [ -s "$RES/open_members" ]; then read -r rebuilt inflated < <(tail -n 1 "$RES/open_members"); fi
 md_row "first \`ls -R\` of turn N+1, cache holding turn N ($rebuilt gzip members rebuilt, $inflated inflated)" "$(f2 "$(med open_warm_s)")" \
@@ -231,6 +278,10 @@ md_row "bytes sent per 1% turn (the rest copied in the store: \`UploadPartCopy\`
     "**$(ratio "$(med turn_sent)" "$OBJECT")** of the object" "≤ 0.15"
 md_row "bytes sent by the seal of a one-file change" "$(human "$(med seal_sent)")" \
     "**$(ratio "$(med seal_sent)" "$OBJECT")** of the object" ""
+md_row "bytes sent by that first seal on a replica (layout of turn N recorded at its download)" "$(human "$(med first_seal_sent)")" \
+    "$(ratio "$(med first_seal_sent)" "$OBJECT") of the object" ""
+md_row "bytes sent by that first seal without a member cache" "$(human "$(med bare_seal_sent)")" \
+    "$(ratio "$(med bare_seal_sent)" "$OBJECT") of the object" ""
 md_row "mount cache after reading all $((BENCH_TURNS + 1)) turns" "$(human "$CACHE_BYTES")" \
     "**$(ratio "$CACHE_BYTES" "$TREE_BYTES")** × one turn unpacked" "≤ 1.5"
 cp_v="$(mbps "$TREE_BYTES" "$(med copy_s)")"; loc_v="$(mbps "$TREE_BYTES" "$(med local_copy_s)")"
