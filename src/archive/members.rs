@@ -238,11 +238,34 @@ impl MemberCache {
         None
     }
 
+    /// Puts the member for `data` here, compressed with `compress`, unless a file
+    /// already has its name (a capture checks it when it uses it). For priming: not
+    /// counted in [`MemberCache::stats`]. Says whether it compressed.
+    pub fn prime(
+        &self,
+        data: &[u8],
+        compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
+    ) -> io::Result<bool> {
+        let name = hex::encode(Sha256::digest(data));
+        if rfs::statat(&self.dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+            return Ok(false);
+        }
+        let member = compress(data)?;
+        if member.len() >= MIN_KEPT {
+            self.keep(&name, &member)?;
+        }
+        Ok(true)
+    }
+
     fn keep(&self, name: &str, member: &[u8]) -> io::Result<()> {
         write_atomically(&self.dir, name, member)?;
         let kept = self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
         if kept + member.len() as u64 > self.limit / 2 {
-            self.trim()?;
+            // Whoever trims already makes room; nobody waits here behind it (a
+            // priming thread runs at the lowest priority).
+            if let Ok(one) = self.trimming.try_lock() {
+                self.trim_locked(one)?;
+            }
         }
         Ok(())
     }
@@ -250,7 +273,10 @@ impl MemberCache {
     /// Removes the least recently used members until their disk blocks are within
     /// the limit. Only names this cache makes are touched; anything else is left.
     pub fn trim(&self) -> io::Result<()> {
-        let _one = self.trimming.lock().expect("trim lock");
+        self.trim_locked(self.trimming.lock().expect("trim lock"))
+    }
+
+    fn trim_locked(&self, _one: std::sync::MutexGuard<'_, ()>) -> io::Result<()> {
         self.kept.store(0, Ordering::Relaxed);
         let mut files = Vec::new();
         let mut total = 0u64;
@@ -315,7 +341,11 @@ impl MemberCache {
             return Vec::new();
         };
         let mut sources = Vec::new();
-        let mut found: HashMap<[u8; 32], Vec<(usize, u64)>> = HashMap::new();
+        // Only this archive's members are looked for: what is kept stays within the
+        // capture's own size, however many members the layouts list (a download's
+        // layout is the store's object's, whatever made it).
+        let mut found: HashMap<[u8; 32], Vec<(usize, u64)>> =
+            members.iter().map(|m| (m.digest, Vec::new())).collect();
         for name in layout_files(&dir).unwrap_or_default() {
             let Some(layout) = read_layout(&dir, &name) else {
                 tracing::debug!(layout = %String::from_utf8_lossy(&name), "skipping an unreadable layout");
@@ -325,8 +355,9 @@ impl MemberCache {
             sources.push(String::from_utf8_lossy(&name).into_owned());
             let mut offset = 0u64;
             for member in layout {
-                let places = found.entry(member.digest).or_default();
-                if places.last().is_none_or(|&(s, _)| s != source) {
+                if let Some(places) = found.get_mut(&member.digest)
+                    && places.last().is_none_or(|&(s, _)| s != source)
+                {
                     places.push((source, offset));
                 }
                 offset = offset.saturating_add(member.length);
@@ -494,6 +525,32 @@ mod tests {
 
     fn object(n: u8) -> String {
         format!("{}.tar.gz", hex::encode([n; 32]))
+    }
+
+    /// Priming keeps our own compression of the data, once; a capture then reuses
+    /// it, and only the capture counts in the stats.
+    #[test]
+    fn primed_members_are_reused_by_the_next_capture() {
+        let (_dir, cache) = cache();
+        // Hard to compress: kept (MIN_KEPT).
+        let mut x = 1u64;
+        let data: Vec<u8> = (0..64 << 10)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        let compress = super::super::gz::compress_member;
+        assert!(cache.prime(&data, compress).unwrap());
+        assert!(!cache.prime(&data, compress).unwrap(), "primed twice");
+        assert_eq!(cache.stats.counts(), (0, 0, 0));
+        let member = cache
+            .get_or_compress(&data, |_| panic!("compressed again"))
+            .unwrap();
+        assert_eq!(member, compress(&data).unwrap());
+        assert_eq!(cache.stats.counts(), (1, 0, data.len() as u64));
     }
 
     fn cache() -> (tempfile::TempDir, MemberCache) {

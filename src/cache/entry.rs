@@ -18,7 +18,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -121,12 +121,19 @@ impl VerifiedCheckpoint {
     pub fn open_own(&self, node: u32) -> io::Result<File> {
         File::open(own_file_path(&self.dir, node))
     }
+}
 
-    /// The tar bytes of the gzip members its load recorded, in order (see
-    /// [`reuse::rebuild_each`]); `each` says whether to go on.
-    pub fn member_tars(&self, each: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
-        reuse::rebuild_each(&self.dir, each)
-    }
+/// The tar bytes of the gzip members `checkpoint`'s load recorded, in order (see
+/// [`reuse::rebuild_each`]), while it stays loaded: the entry is not held meanwhile,
+/// and once it is evicted the rest is skipped. `each` says whether to go on.
+pub fn member_tars(
+    checkpoint: &Weak<VerifiedCheckpoint>,
+    mut each: impl FnMut(&[u8]) -> bool,
+) -> io::Result<u64> {
+    let Some(dir) = checkpoint.upgrade().map(|c| c.dir.clone()) else {
+        return Ok(0);
+    };
+    reuse::rebuild_each(&dir, |tar| checkpoint.strong_count() > 0 && each(tar))
 }
 
 /// A cache entry being written; removed unless finished. The indexer writes file

@@ -72,6 +72,8 @@ const MAX_CANDIDATES: usize = 4;
 /// The most members of one download whose layout is kept (40 bytes each in memory):
 /// capture makes about one per MiB of tar, so this covers archives of tens of GiB.
 const MAX_LAYOUT_MEMBERS: usize = 1 << 16;
+/// Layouts whose members average fewer compressed bytes are not kept.
+const MIN_LAYOUT_AVERAGE: u64 = 1 << 10;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -191,7 +193,11 @@ impl Recorder {
     /// stay right.
     pub fn take_layout(&mut self) -> Option<Vec<MemberSpan>> {
         let layout = std::mem::take(&mut self.layout);
-        (!self.layout_dropped && !layout.is_empty()).then_some(layout)
+        // Capture never makes members that small on average; a layout of them would
+        // only cost the captures that read it.
+        let bytes: u64 = layout.iter().map(|m| m.length).sum();
+        let worth = !layout.is_empty() && bytes / layout.len() as u64 >= MIN_LAYOUT_AVERAGE;
+        (!self.layout_dropped && worth).then_some(layout)
     }
 
     fn layout_push(&mut self, digest: [u8; 32], length: u64) {
@@ -1107,12 +1113,12 @@ mod tests {
             let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
             let (spans, tars) = members_of(&bytes);
             let mut given = Vec::new();
-            let count = checkpoint
-                .member_tars(|tar| {
-                    given.push(tar.to_vec());
-                    true
-                })
-                .unwrap();
+            let weak = Arc::downgrade(&checkpoint);
+            let count = crate::cache::entry::member_tars(&weak, |tar| {
+                given.push(tar.to_vec());
+                true
+            })
+            .unwrap();
             assert_eq!(count as usize, given.len());
             let short = spans.iter().filter(|s| s.length < PREFIX as u64).count();
             assert_eq!(given.len() + short, tars.len(), "{id}");
@@ -1124,13 +1130,16 @@ mod tests {
                 );
             }
             let mut seen = 0;
-            checkpoint
-                .member_tars(|_| {
-                    seen += 1;
-                    seen < 3
-                })
-                .unwrap();
+            crate::cache::entry::member_tars(&weak, |_| {
+                seen += 1;
+                seen < 3
+            })
+            .unwrap();
             assert_eq!(seen, 3, "it stops when told");
+            // Once the checkpoint is gone (evicted), nothing more is rebuilt.
+            drop(checkpoint);
+            let after = crate::cache::entry::member_tars(&weak, |_| true).unwrap();
+            assert_eq!(after, 0);
         }
         assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
     }
@@ -1172,6 +1181,36 @@ mod tests {
             }
         }
         assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
+    }
+
+    /// An object of tiny members (no capture makes them) leaves no layout: every
+    /// capture that looks for its members in layouts would pay for its thousands.
+    #[test]
+    fn a_download_of_tiny_members_records_no_layout() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let archive = workspace(&work.path().join("tree"), 0);
+        let mut tar = Vec::new();
+        flate2::read::MultiGzDecoder::new(&archive[..])
+            .read_to_end(&mut tar)
+            .unwrap();
+        let tiny: Vec<u8> = tar.chunks(300).flat_map(gzip).collect();
+        let id = store_bytes(&store, &tiny);
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        let members = Arc::new(
+            crate::archive::members::MemberCache::open(&work.path().join("cache/members"), 1 << 30)
+                .unwrap(),
+        );
+        cache.record_layouts_in(Arc::clone(&members));
+        load(&cache, &store, &id);
+        let (spans, _) = members_of(&tiny);
+        assert!(spans.len() > 1000, "{} members", spans.len());
+        assert!(members.reuse(&spans).is_empty());
+        // The archive as capture wrote it: its layout is kept.
+        let id = store_bytes(&store, &archive);
+        load(&cache, &store, &id);
+        let (spans, _) = members_of(&archive);
+        assert!(!members.reuse(&spans).is_empty());
     }
 
     #[test]

@@ -390,12 +390,15 @@ impl CheckpointFs {
             return Err(FsError::NotSupported("copy_file_range"));
         }
         let source = self.of_handle(fh_in).copy_source(fh_in)?;
-        // Its seal will compress only what changed, if the member cache has the rest.
+        let copied = self
+            .staging
+            .copy_into(fh_out, offset_out, &source, offset_in, len)?;
+        // A workspace is being started from this checkpoint: its seal will compress
+        // only what changed, if the member cache has the rest.
         if let Some(checkpoint) = &source.from {
             self.sealer.prime(checkpoint);
         }
-        self.staging
-            .copy_into(fh_out, offset_out, &source, offset_in, len)
+        Ok(copied)
     }
 
     /// The kernel dropped `count` references to `ino` (only staging counts them).

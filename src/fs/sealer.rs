@@ -22,22 +22,25 @@
 //!
 //! A workspace started from a checkpoint (the kernel's copies into `staging/` name
 //! it) makes the sealer fill the member cache with that checkpoint's gzip members, as
-//! capture compresses them, in the background at the lowest CPU priority
-//! ([`Sealer::prime`]): the seal of the next turn then compresses only what changed,
-//! on a replica that never captured the turn it started from as on one that did.
+//! capture compresses them, on one background thread at the lowest CPU priority
+//! ([`Sealer::prime`]; a checkpoint at a time, one more waiting, others dropped): the
+//! seal of the next turn then compresses only what changed, on a replica that never
+//! captured the turn it started from as on one that did.
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime};
 
 use super::listing::Catalog;
 use super::loader::Loader;
 use super::{FsError, StagingTree};
 use crate::archive::index;
+use crate::archive::members::MemberCache;
 use crate::archive::{ArchiveError, Limits};
-use crate::cache::{Cache, Provenance, VerifiedCheckpoint};
+use crate::cache::{Cache, Provenance, VerifiedCheckpoint, entry};
 use crate::checkpoint::{
     self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, PutReport, StoreOutcome,
 };
@@ -60,7 +63,7 @@ pub struct SealerConfig {
     /// Compression threads.
     pub threads: usize,
     /// Gzip members of earlier captures.
-    pub members: Option<Arc<crate::archive::members::MemberCache>>,
+    pub members: Option<Arc<MemberCache>>,
 }
 
 #[derive(Default)]
@@ -91,8 +94,70 @@ pub struct Sealer {
     loader: Arc<Loader>,
     config: SealerConfig,
     seals: Mutex<Seals>,
-    /// Checkpoints whose members were put in the member cache, or are being.
-    primed: Mutex<HashSet<CheckpointId>>,
+    priming: Mutex<Priming>,
+}
+
+#[derive(Default)]
+struct Priming {
+    /// Checkpoints whose members were put in the member cache, or will be.
+    primed: HashSet<CheckpointId>,
+    /// The primer thread's requests, once it runs.
+    queue: Option<SyncSender<Weak<VerifiedCheckpoint>>>,
+}
+
+/// Starts the thread that primes the member cache; it ends with the sealer.
+fn start_primer(members: Arc<MemberCache>) -> Option<SyncSender<Weak<VerifiedCheckpoint>>> {
+    let (queue, requests) = sync_channel::<Weak<VerifiedCheckpoint>>(1);
+    let spawned = std::thread::Builder::new()
+        .name("ckptfs-prime".into())
+        .spawn(move || {
+            // Idle work: copies, seals and reads come first.
+            // SAFETY: setpriority has no memory preconditions; on Linux a thread id
+            // names that thread alone.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
+            for checkpoint in requests {
+                prime_one(&members, &checkpoint);
+            }
+        });
+    match spawned {
+        Ok(_) => Some(queue),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start priming the member cache");
+            None
+        }
+    }
+}
+
+fn prime_one(members: &MemberCache, checkpoint: &Weak<VerifiedCheckpoint>) {
+    let Some(id) = checkpoint.upgrade().map(|c| c.id.clone()) else {
+        return;
+    };
+    let started = Instant::now();
+    let (mut compressed, mut failed) = (0u64, None);
+    let rebuilt = entry::member_tars(checkpoint, |tar| {
+        match members.prime(tar, crate::archive::gz::compress_member) {
+            Ok(done) => {
+                compressed += u64::from(done);
+                true
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    });
+    match (rebuilt, failed) {
+        (Ok(members), None) => {
+            tracing::info!(checkpoint = %id, members, compressed, elapsed = ?started.elapsed(), "member cache primed")
+        }
+        // Sealed by this mount: its members are those the seal kept.
+        (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::debug!(checkpoint = %id, "no member records to prime from")
+        }
+        (Err(e), _) | (_, Some(e)) => {
+            tracing::warn!(checkpoint = %id, error = %e, "could not prime the member cache; the next seal compresses more")
+        }
+    }
 }
 
 fn seal_error(e: CheckpointError) -> FsError {
@@ -124,7 +189,7 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
-            primed: Mutex::new(HashSet::new()),
+            priming: Mutex::new(Priming::default()),
         };
         sealer.recover();
         sealer
@@ -164,46 +229,31 @@ impl Sealer {
         }
     }
 
-    /// Puts the gzip members of `checkpoint` in the member cache, compressed as
-    /// capture compresses them, once per checkpoint and mount, on a thread of its own
-    /// at the lowest CPU priority. They come from the cache entry's records of its
-    /// members (rebuilt from its files and checked), never from the downloaded bytes:
-    /// an object compressed some other way must not change what a capture writes.
-    /// A seal running meanwhile takes what is already there and compresses the rest.
+    /// Has the primer put the gzip members of `checkpoint` in the member cache,
+    /// compressed as capture compresses them, once per checkpoint and mount (even if
+    /// that fails). One thread at the lowest CPU priority does it, a checkpoint at a
+    /// time, with at most one more waiting: a request beyond that is dropped, and the
+    /// next copy from that checkpoint asks again. Members come from the cache
+    /// entry's records (rebuilt from its files and checked), never from the
+    /// downloaded bytes: an object compressed some other way must not change what a
+    /// capture writes. The entry is not held (it may be evicted meanwhile, which ends
+    /// its priming), and a seal running meanwhile compresses what is not there yet.
     pub fn prime(&self, checkpoint: &Arc<VerifiedCheckpoint>) {
-        let Some(members) = self.config.members.clone() else {
+        let Some(members) = &self.config.members else {
             return;
         };
-        if !(self.primed.lock().expect("primed lock")).insert(checkpoint.id.clone()) {
+        let mut priming = self.priming.lock().expect("priming lock");
+        if priming.primed.contains(&checkpoint.id) {
             return;
         }
-        let checkpoint = Arc::clone(checkpoint);
-        let spawned = std::thread::Builder::new()
-            .name("ckptfs-prime".into())
-            .spawn(move || {
-                // Idle work: the caller's copy, seals and reads come first.
-                // SAFETY: setpriority has no memory preconditions; on Linux a thread
-                // id names that thread alone.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
-                let started = Instant::now();
-                let mut failed = None;
-                let done = checkpoint.member_tars(|tar| {
-                    let compress = crate::archive::gz::compress_member;
-                    match members.get_or_compress(tar, compress) {
-                        Ok(_) => true,
-                        Err(e) => {
-                            failed = Some(e);
-                            false
-                        }
-                    }
-                });
-                match (done, failed) {
-                    (Ok(count), None) => tracing::info!(checkpoint = %checkpoint.id, members = count, elapsed = ?started.elapsed(), "member cache primed"),
-                    (Err(e), _) | (_, Some(e)) => tracing::warn!(checkpoint = %checkpoint.id, error = %e, "could not prime the member cache; the next seal compresses more"),
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start priming the member cache");
+        if priming.queue.is_none() {
+            priming.queue = start_primer(Arc::clone(members));
+        }
+        let Some(queue) = &priming.queue else {
+            return;
+        };
+        if queue.try_send(Arc::downgrade(checkpoint)).is_ok() {
+            priming.primed.insert(checkpoint.id.clone());
         }
     }
 
