@@ -70,6 +70,16 @@ pub struct MemberSpan {
     pub length: u64,
 }
 
+/// What [`MemberCache::prime`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primed {
+    /// The member was there.
+    Present,
+    Compressed,
+    /// Half the limit was kept since the last trim: priming should stop.
+    Full,
+}
+
 /// Counts of one capture, or of a mount's life.
 #[derive(Debug, Default)]
 pub struct MemberStats {
@@ -239,33 +249,39 @@ impl MemberCache {
     }
 
     /// Puts the member for `data` here, compressed with `compress`, unless a file
-    /// already has its name (a capture checks it when it uses it). For priming: not
-    /// counted in [`MemberCache::stats`]. Says whether it compressed.
+    /// already has its name (a capture checks it when it uses it; its use time is
+    /// renewed, so that what priming adds does not push it out). For priming: not
+    /// counted in [`MemberCache::stats`], and it never trims, so it never waits for a
+    /// trim nor makes a capture wait behind it: once half the limit was kept since
+    /// the last trim it stops ([`Primed::Full`]), and the next capture trims.
     pub fn prime(
         &self,
         data: &[u8],
         compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Primed> {
         let name = hex::encode(Sha256::digest(data));
-        if rfs::statat(&self.dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
-            return Ok(false);
+        // NONBLOCK: a FIFO under the name must not block (none should be there).
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        if let Ok(fd) = rfs::openat(&self.dir, name.as_str(), flags, Mode::empty()) {
+            let _ = File::from(fd).set_modified(SystemTime::now());
+            return Ok(Primed::Present);
+        }
+        if self.kept.load(Ordering::Relaxed) > self.limit / 2 {
+            return Ok(Primed::Full);
         }
         let member = compress(data)?;
         if member.len() >= MIN_KEPT {
-            self.keep(&name, &member)?;
+            write_atomically(&self.dir, &name, &member)?;
+            self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
         }
-        Ok(true)
+        Ok(Primed::Compressed)
     }
 
     fn keep(&self, name: &str, member: &[u8]) -> io::Result<()> {
         write_atomically(&self.dir, name, member)?;
         let kept = self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
         if kept + member.len() as u64 > self.limit / 2 {
-            // Whoever trims already makes room; nobody waits here behind it (a
-            // priming thread runs at the lowest priority).
-            if let Ok(one) = self.trimming.try_lock() {
-                self.trim_locked(one)?;
-            }
+            self.trim()?;
         }
         Ok(())
     }
@@ -273,10 +289,7 @@ impl MemberCache {
     /// Removes the least recently used members until their disk blocks are within
     /// the limit. Only names this cache makes are touched; anything else is left.
     pub fn trim(&self) -> io::Result<()> {
-        self.trim_locked(self.trimming.lock().expect("trim lock"))
-    }
-
-    fn trim_locked(&self, _one: std::sync::MutexGuard<'_, ()>) -> io::Result<()> {
+        let _one = self.trimming.lock().expect("trim lock");
         self.kept.store(0, Ordering::Relaxed);
         let mut files = Vec::new();
         let mut total = 0u64;
@@ -543,8 +556,8 @@ mod tests {
             })
             .collect();
         let compress = super::super::gz::compress_member;
-        assert!(cache.prime(&data, compress).unwrap());
-        assert!(!cache.prime(&data, compress).unwrap(), "primed twice");
+        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Compressed);
+        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Present);
         assert_eq!(cache.stats.counts(), (0, 0, 0));
         let member = cache
             .get_or_compress(&data, |_| panic!("compressed again"))

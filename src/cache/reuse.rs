@@ -72,8 +72,9 @@ const MAX_CANDIDATES: usize = 4;
 /// The most members of one download whose layout is kept (40 bytes each in memory):
 /// capture makes about one per MiB of tar, so this covers archives of tens of GiB.
 const MAX_LAYOUT_MEMBERS: usize = 1 << 16;
-/// Layouts whose members average fewer compressed bytes are not kept.
-const MIN_LAYOUT_AVERAGE: u64 = 1 << 10;
+/// Layouts whose members average fewer compressed bytes are not kept (a MiB of
+/// zeros compresses to about 1 KiB: a capture's members are larger).
+const MIN_LAYOUT_AVERAGE: u64 = PREFIX as u64;
 
 /// One gzip member that an entry's load inflated, and how to rebuild its tar bytes
 /// from that entry's files.
@@ -1194,7 +1195,7 @@ mod tests {
         flate2::read::MultiGzDecoder::new(&archive[..])
             .read_to_end(&mut tar)
             .unwrap();
-        let tiny: Vec<u8> = tar.chunks(300).flat_map(gzip).collect();
+        let tiny: Vec<u8> = tar.chunks(100).flat_map(gzip).collect();
         let id = store_bytes(&store, &tiny);
         let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
         let members = Arc::new(

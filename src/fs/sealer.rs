@@ -30,7 +30,7 @@
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime};
 
@@ -38,7 +38,7 @@ use super::listing::Catalog;
 use super::loader::Loader;
 use super::{FsError, StagingTree};
 use crate::archive::index;
-use crate::archive::members::MemberCache;
+use crate::archive::members::{MemberCache, Primed};
 use crate::archive::{ArchiveError, Limits};
 use crate::cache::{Cache, Provenance, VerifiedCheckpoint, entry};
 use crate::checkpoint::{
@@ -94,20 +94,20 @@ pub struct Sealer {
     loader: Arc<Loader>,
     config: SealerConfig,
     seals: Mutex<Seals>,
-    priming: Mutex<Priming>,
+    /// Checkpoints whose members were put in the member cache, or will be.
+    primed: Arc<Mutex<HashSet<CheckpointId>>>,
+    /// The primer thread's requests, once it runs.
+    primer: Mutex<Option<SyncSender<PrimeRequest>>>,
 }
 
-#[derive(Default)]
-struct Priming {
-    /// Checkpoints whose members were put in the member cache, or will be.
-    primed: HashSet<CheckpointId>,
-    /// The primer thread's requests, once it runs.
-    queue: Option<SyncSender<Weak<VerifiedCheckpoint>>>,
-}
+type PrimeRequest = (CheckpointId, Weak<VerifiedCheckpoint>);
 
 /// Starts the thread that primes the member cache; it ends with the sealer.
-fn start_primer(members: Arc<MemberCache>) -> Option<SyncSender<Weak<VerifiedCheckpoint>>> {
-    let (queue, requests) = sync_channel::<Weak<VerifiedCheckpoint>>(1);
+fn start_primer(
+    members: Arc<MemberCache>,
+    primed: Arc<Mutex<HashSet<CheckpointId>>>,
+) -> Option<SyncSender<PrimeRequest>> {
+    let (queue, requests) = sync_channel::<PrimeRequest>(1);
     let spawned = std::thread::Builder::new()
         .name("ckptfs-prime".into())
         .spawn(move || {
@@ -115,8 +115,13 @@ fn start_primer(members: Arc<MemberCache>) -> Option<SyncSender<Weak<VerifiedChe
             // SAFETY: setpriority has no memory preconditions; on Linux a thread id
             // names that thread alone.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
-            for checkpoint in requests {
-                prime_one(&members, &checkpoint);
+            for (id, checkpoint) in requests {
+                if checkpoint.strong_count() == 0 {
+                    tracing::debug!(checkpoint = %id, "evicted before it was primed");
+                    primed.lock().expect("primed lock").remove(&id);
+                    continue;
+                }
+                prime_one(&members, &id, &checkpoint);
             }
         });
     match spawned {
@@ -128,17 +133,19 @@ fn start_primer(members: Arc<MemberCache>) -> Option<SyncSender<Weak<VerifiedChe
     }
 }
 
-fn prime_one(members: &MemberCache, checkpoint: &Weak<VerifiedCheckpoint>) {
-    let Some(id) = checkpoint.upgrade().map(|c| c.id.clone()) else {
-        return;
-    };
+fn prime_one(members: &MemberCache, id: &CheckpointId, checkpoint: &Weak<VerifiedCheckpoint>) {
     let started = Instant::now();
-    let (mut compressed, mut failed) = (0u64, None);
+    let (mut compressed, mut full, mut failed) = (0u64, false, None);
     let rebuilt = entry::member_tars(checkpoint, |tar| {
         match members.prime(tar, crate::archive::gz::compress_member) {
-            Ok(done) => {
-                compressed += u64::from(done);
+            Ok(Primed::Present) => true,
+            Ok(Primed::Compressed) => {
+                compressed += 1;
                 true
+            }
+            Ok(Primed::Full) => {
+                full = true;
+                false
             }
             Err(e) => {
                 failed = Some(e);
@@ -146,9 +153,10 @@ fn prime_one(members: &MemberCache, checkpoint: &Weak<VerifiedCheckpoint>) {
             }
         }
     });
+    let evicted = checkpoint.strong_count() == 0;
     match (rebuilt, failed) {
         (Ok(members), None) => {
-            tracing::info!(checkpoint = %id, members, compressed, elapsed = ?started.elapsed(), "member cache primed")
+            tracing::info!(checkpoint = %id, members, compressed, full, evicted, elapsed = ?started.elapsed(), "member cache primed")
         }
         // Sealed by this mount: its members are those the seal kept.
         (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -189,7 +197,8 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
-            priming: Mutex::new(Priming::default()),
+            primed: Arc::new(Mutex::new(HashSet::new())),
+            primer: Mutex::new(None),
         };
         sealer.recover();
         sealer
@@ -236,24 +245,32 @@ impl Sealer {
     /// next copy from that checkpoint asks again. Members come from the cache
     /// entry's records (rebuilt from its files and checked), never from the
     /// downloaded bytes: an object compressed some other way must not change what a
-    /// capture writes. The entry is not held (it may be evicted meanwhile, which ends
-    /// its priming), and a seal running meanwhile compresses what is not there yet.
+    /// capture writes. The entry is not held (an eviction ends its priming, and
+    /// before it starts, lets a later copy ask again); a seal running meanwhile
+    /// compresses what is not there yet.
     pub fn prime(&self, checkpoint: &Arc<VerifiedCheckpoint>) {
         let Some(members) = &self.config.members else {
             return;
         };
-        let mut priming = self.priming.lock().expect("priming lock");
-        if priming.primed.contains(&checkpoint.id) {
+        let mut primed = self.primed.lock().expect("primed lock");
+        if primed.contains(&checkpoint.id) {
             return;
         }
-        if priming.queue.is_none() {
-            priming.queue = start_primer(Arc::clone(members));
+        let mut primer = self.primer.lock().expect("primer lock");
+        if primer.is_none() {
+            *primer = start_primer(Arc::clone(members), Arc::clone(&self.primed));
         }
-        let Some(queue) = &priming.queue else {
+        let Some(queue) = primer.as_ref() else {
             return;
         };
-        if queue.try_send(Arc::downgrade(checkpoint)).is_ok() {
-            priming.primed.insert(checkpoint.id.clone());
+        let request = (checkpoint.id.clone(), Arc::downgrade(checkpoint));
+        match queue.try_send(request) {
+            Ok(()) => {
+                primed.insert(checkpoint.id.clone());
+            }
+            Err(TrySendError::Full(_)) => {}
+            // The thread is gone (it never should): started again next time.
+            Err(TrySendError::Disconnected(_)) => *primer = None,
         }
     }
 
