@@ -1099,6 +1099,15 @@ mod tests {
         (spans, tars)
     }
 
+    /// A member cache in `work/cache/members` where `cache` records the layouts of
+    /// its downloads.
+    fn recording_layouts(cache: &Cache, work: &Path) -> Arc<crate::archive::members::MemberCache> {
+        let dir = work.join("cache/members");
+        let members = Arc::new(crate::archive::members::MemberCache::open(&dir, 1 << 30).unwrap());
+        cache.record_layouts_in(Arc::clone(&members));
+        members
+    }
+
     /// What a load recorded rebuilds, in order, to the object's own members' tar
     /// bytes (what priming the member cache compresses), whether the load inflated
     /// them (turn 0) or rebuilt them (turn 1); only members too short to be worth a
@@ -1154,11 +1163,7 @@ mod tests {
         let store = LocalStore::create(&work.path().join("store")).unwrap();
         let turns = stored_turns(work.path(), &store, 2);
         let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
-        let members = Arc::new(
-            crate::archive::members::MemberCache::open(&work.path().join("cache/members"), 1 << 30)
-                .unwrap(),
-        );
-        cache.record_layouts_in(Arc::clone(&members));
+        let members = recording_layouts(&cache, work.path());
         for (turn, id) in turns.iter().enumerate() {
             load(&cache, &store, id);
             let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
@@ -1198,11 +1203,7 @@ mod tests {
         let tiny: Vec<u8> = tar.chunks(100).flat_map(gzip).collect();
         let id = store_bytes(&store, &tiny);
         let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
-        let members = Arc::new(
-            crate::archive::members::MemberCache::open(&work.path().join("cache/members"), 1 << 30)
-                .unwrap(),
-        );
-        cache.record_layouts_in(Arc::clone(&members));
+        let members = recording_layouts(&cache, work.path());
         load(&cache, &store, &id);
         let (spans, _) = members_of(&tiny);
         assert!(spans.len() > 1000, "{} members", spans.len());
