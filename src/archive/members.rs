@@ -271,19 +271,23 @@ impl MemberCache {
         }
         let member = compress(data)?;
         if member.len() >= MIN_KEPT {
-            write_atomically(&self.dir, &name, &member)?;
-            self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
+            self.write(&name, &member)?;
         }
         Ok(Primed::Compressed)
     }
 
     fn keep(&self, name: &str, member: &[u8]) -> io::Result<()> {
-        write_atomically(&self.dir, name, member)?;
-        let kept = self.kept.fetch_add(member.len() as u64, Ordering::Relaxed);
-        if kept + member.len() as u64 > self.limit / 2 {
+        if self.write(name, member)? > self.limit / 2 {
             self.trim()?;
         }
         Ok(())
+    }
+
+    /// Writes a member under `name`; returns the bytes kept since the last trim.
+    fn write(&self, name: &str, member: &[u8]) -> io::Result<u64> {
+        write_atomically(&self.dir, name, member)?;
+        let len = member.len() as u64;
+        Ok(self.kept.fetch_add(len, Ordering::Relaxed) + len)
     }
 
     /// Removes the least recently used members until their disk blocks are within
