@@ -182,6 +182,8 @@ CACHE_BYTES="$(du -sb "$WORK/cache/checkpoints" | awk '{ print $1 }')"
 duration_s() {
     awk -v d="$1" 'BEGIN { v = d + 0; if (d ~ /ms$/) v /= 1e3; else if (d ~ /µs$/) v /= 1e6; else if (d ~ /ns$/) v /= 1e9; printf "%.2f", v }'
 }
+# The number a daemon log line gives for KEY: logged KEY LINE.
+logged() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$2"; }
 for run in 1 2 3; do
     dest="$MNT/staging/turn-$run"
     mkdir "$dest"
@@ -216,11 +218,11 @@ for run in 1 2 3; do
     sealed_line="$(grep ' sealed' "$WORK/cache/ckptfs.log" | tail -n 1)"
     if [ "$run" = 1 ]; then
         record first_seal_s "$(step_secs seal)"
-        record first_seal_sent "$(sed -n 's/.* sent=\([0-9]*\).*/\1/p' <<<"$sealed_line")"
-        record first_seal_compressed "$(sed -n 's/.* members_compressed=\([0-9]*\).*/\1/p' <<<"$sealed_line")"
+        record first_seal_sent "$(logged sent "$sealed_line")"
+        record first_seal_compressed "$(logged members_compressed "$sealed_line")"
     else
         record seal_s "$(step_secs seal)"
-        record seal_sent "$(sed -n 's/.* sent=\([0-9]*\).*/\1/p' <<<"$sealed_line")"
+        record seal_sent "$(logged sent "$sealed_line")"
     fi
 done
 unmount_wait "$MNT" "$PID"
@@ -238,7 +240,7 @@ settle
 run_begin
 tm seal mv "$dest" "$MNT/commit/"
 record bare_seal_s "$(step_secs seal)"
-record bare_seal_sent "$(grep ' sealed' "$WORK/cache-bare/ckptfs.log" | sed -n 's/.* sent=\([0-9]*\).*/\1/p' | tail -n 1)"
+record bare_seal_sent "$(logged sent "$(grep ' sealed' "$WORK/cache-bare/ckptfs.log" | tail -n 1)")"
 unmount_wait "$MNT" "$PID"
 
 # --- tables ---------------------------------------------------------------------------
