@@ -90,12 +90,9 @@ impl<W: Write> ParallelGzWriter<W> {
                             // The digest names the member in layouts (server-side copy);
                             // hashed here, on the worker, rather than in order.
                             let member = match &members {
-                                Some(cache) => {
-                                    cache.get_or_compress(&data, compress_member).map(|m| {
-                                        let digest = Sha256::digest(&m).into();
-                                        (m, Some(digest))
-                                    })
-                                }
+                                Some(cache) => cache
+                                    .get_or_compress(&data, compress_member)
+                                    .map(|(m, digest)| (m, Some(digest))),
                                 None => compress_member(&data).map(|m| (m, None)),
                             };
                             let _ = reply.send(member);

@@ -10,9 +10,11 @@
 //!
 //! Invariants:
 //! - a member is used only after it was inflated and found equal, byte for byte, to
-//!   the data it stands for, with exactly the gzip header [`super::gz`] writes: a
-//!   damaged or planted file is deleted and the data compressed again, so the cache
-//!   changes how fast a capture is, never what it writes;
+//!   the data it stands for, with exactly the gzip header [`super::gz`] writes, or
+//!   when its bytes have the SHA-256 of a member this process itself compressed or so
+//!   checked for that data (kept in memory, never taken from disk): a damaged or
+//!   planted file is deleted and the data compressed again, so the cache changes how
+//!   fast a capture is, never what it writes;
 //! - everything is done through descriptors of directories checked once to be real
 //!   directories of the daemon's user, not writable by others: no symlink or rename
 //!   in the path can point a lookup, a write or a removal anywhere else, and only
@@ -39,6 +41,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -46,6 +49,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use lru::LruCache;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
@@ -61,6 +65,9 @@ const LAYOUT_RECORD: usize = 40;
 /// A layout larger than this is not read (an archive of a GiB has some thousands of
 /// members).
 const MAX_LAYOUT: u64 = 16 << 20;
+/// Members whose compressed digest this process remembers (64 bytes each, plus the
+/// map's own): those of several archives of a GiB.
+const KNOWN_MEMBERS: usize = 16_384;
 
 /// One gzip member of an archive: the SHA-256 of its compressed bytes, and how many
 /// there are.
@@ -91,6 +98,9 @@ pub struct MemberStats {
     pub reused_bytes: AtomicU64,
     /// Cached members that did not inflate to their data, deleted.
     pub damaged: AtomicU64,
+    /// Cached members inflated to check them, also by priming (the others had the
+    /// digest of a member this process had compressed or checked already).
+    pub inflated: AtomicU64,
 }
 
 impl MemberStats {
@@ -115,6 +125,11 @@ pub struct MemberCache {
     kept: AtomicU64,
     /// One trim at a time.
     trimming: Mutex<()>,
+    /// By the SHA-256 of a member's data, the SHA-256 of the compressed bytes this
+    /// process made of it or found to inflate to it: a file with those bytes needs no
+    /// inflating. Filled only from this process's own work, so nothing planted on disk
+    /// can vouch for itself.
+    known: Mutex<LruCache<[u8; 32], [u8; 32]>>,
     pub stats: MemberStats,
 }
 
@@ -174,36 +189,44 @@ impl MemberCache {
             limit,
             kept: AtomicU64::new(0),
             trimming: Mutex::new(()),
+            known: Mutex::new(LruCache::new(
+                NonZeroUsize::new(KNOWN_MEMBERS).expect("a non-zero bound"),
+            )),
             stats: MemberStats::default(),
         })
     }
 
-    /// The compressed member for `data`, or compresses it with `compress` and keeps
-    /// the result. An error of the cache itself is logged and treated as a miss.
+    /// The compressed member for `data` and the SHA-256 of its bytes, or compresses
+    /// it with `compress` and keeps the result. An error of the cache itself is logged
+    /// and treated as a miss.
     pub fn get_or_compress(
         &self,
         data: &[u8],
         compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
-    ) -> io::Result<Vec<u8>> {
-        let name = hex::encode(Sha256::digest(data));
-        if let Some(member) = self.lookup(&name, data) {
+    ) -> io::Result<(Vec<u8>, [u8; 32])> {
+        let key: [u8; 32] = Sha256::digest(data).into();
+        let name = hex::encode(key);
+        if let Some(found) = self.lookup(&name, &key, data) {
             self.stats.reused.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .reused_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
-            return Ok(member);
+            return Ok(found);
         }
         let member = compress(data)?;
+        let digest = self.remember(key, &member);
         self.stats.compressed.fetch_add(1, Ordering::Relaxed);
         if member.len() >= MIN_KEPT
             && let Err(e) = self.keep(&name, &member)
         {
             tracing::debug!(member = %name, error = %e, "cannot keep a compressed member");
         }
-        Ok(member)
+        Ok((member, digest))
     }
 
-    fn lookup(&self, name: &str, data: &[u8]) -> Option<Vec<u8>> {
+    /// The cached member `name` (the hex of `key`, the SHA-256 of `data`) and the
+    /// SHA-256 of its bytes, if it is there and holds exactly `data`.
+    fn lookup(&self, name: &str, key: &[u8; 32], data: &[u8]) -> Option<(Vec<u8>, [u8; 32])> {
         // NONBLOCK: a FIFO planted under the name must not block the open.
         let fd = match rfs::openat(
             &self.dir,
@@ -231,13 +254,31 @@ impl MemberCache {
         if (&mut file).take(most + 1).read_to_end(&mut member).is_err()
             || member.len() as u64 > most
             || !member.starts_with(&self.header)
-            || !inflates_to(&member, data)
         {
             return self.damaged(name, "does not inflate to its data");
         }
+        // The bytes just read are the ones checked and used: no file can change them
+        // in between.
+        let digest: [u8; 32] = Sha256::digest(&member).into();
+        let known = self.known.lock().expect("known lock").get(key) == Some(&digest);
+        if !known {
+            self.stats.inflated.fetch_add(1, Ordering::Relaxed);
+            if !inflates_to(&member, data) {
+                return self.damaged(name, "does not inflate to its data");
+            }
+            self.known.lock().expect("known lock").put(*key, digest);
+        }
         // Least recently used goes first in `trim`.
         let _ = file.set_modified(SystemTime::now());
-        Some(member)
+        Some((member, digest))
+    }
+
+    /// Remembers `member` as the compression of the data whose SHA-256 is `key`, and
+    /// gives the SHA-256 of its bytes.
+    fn remember(&self, key: [u8; 32], member: &[u8]) -> [u8; 32] {
+        let digest: [u8; 32] = Sha256::digest(member).into();
+        self.known.lock().expect("known lock").put(key, digest);
+        digest
     }
 
     /// Counts and removes a cached member that cannot be used.
@@ -249,27 +290,28 @@ impl MemberCache {
     }
 
     /// Puts the member for `data` here, compressed with `compress`, unless a file
-    /// already has its name (a capture checks it when it uses it; its use time is
-    /// renewed, so that what priming adds does not push it out). For priming: not
-    /// counted in [`MemberCache::stats`], and it never trims, so it never waits for a
-    /// trim nor makes a capture wait behind it: once half the limit was kept since
-    /// the last trim it stops ([`Primed::Full`]), and the next capture trims.
+    /// already holds it (then checked now, in the background, so that the capture
+    /// that uses it need not inflate it; its use time is renewed, so that what priming
+    /// adds does not push it out). For priming: not counted in [`MemberCache::stats`]
+    /// but for the members it inflated or found damaged, and it never trims, so it
+    /// never waits for a trim nor makes a capture wait behind it: once half the limit
+    /// was kept since the last trim it stops ([`Primed::Full`]), and the next capture
+    /// trims.
     pub fn prime(
         &self,
         data: &[u8],
         compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
     ) -> io::Result<Primed> {
-        let name = hex::encode(Sha256::digest(data));
-        // NONBLOCK: a FIFO under the name must not block (none should be there).
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        if let Ok(fd) = rfs::openat(&self.dir, name.as_str(), flags, Mode::empty()) {
-            let _ = File::from(fd).set_modified(SystemTime::now());
+        let key: [u8; 32] = Sha256::digest(data).into();
+        let name = hex::encode(key);
+        if self.lookup(&name, &key, data).is_some() {
             return Ok(Primed::Present);
         }
         if self.kept.load(Ordering::Relaxed) > self.limit / 2 {
             return Ok(Primed::Full);
         }
         let member = compress(data)?;
+        self.remember(key, &member);
         if member.len() >= MIN_KEPT {
             self.write(&name, &member)?;
         }
@@ -549,25 +591,77 @@ mod tests {
     #[test]
     fn primed_members_are_reused_by_the_next_capture() {
         let (_dir, cache) = cache();
-        // Hard to compress: kept (MIN_KEPT).
-        let mut x = 1u64;
-        let data: Vec<u8> = (0..64 << 10)
+        let data = noise(64 << 10, 1);
+        let compress = super::super::gz::compress_member;
+        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Compressed);
+        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Present);
+        assert_eq!(cache.stats.counts(), (0, 0, 0));
+        let (member, _) = cache
+            .get_or_compress(&data, |_| panic!("compressed again"))
+            .unwrap();
+        assert_eq!(member, compress(&data).unwrap());
+        assert_eq!(cache.stats.counts(), (1, 0, data.len() as u64));
+        // Priming compressed it here: the capture did not inflate it.
+        assert_eq!(cache.stats.inflated.load(Ordering::Relaxed), 0);
+    }
+
+    /// A member this process compressed, or inflated once to check it, is not
+    /// inflated again; what vouches for it is in memory, so another process inflates
+    /// it, and damage on disk is found all the same.
+    #[test]
+    fn members_checked_once_are_not_inflated_again_and_damage_is_still_found() {
+        let (dir, cache) = cache();
+        let compress = super::super::gz::compress_member;
+        let inflated = |cache: &MemberCache| cache.stats.inflated.load(Ordering::Relaxed);
+        let damaged = |cache: &MemberCache| cache.stats.damaged.load(Ordering::Relaxed);
+        let (data, other) = (noise(64 << 10, 2), noise(64 << 10, 3));
+        let (member, digest) = cache.get_or_compress(&data, compress).unwrap();
+        assert_eq!(digest, <[u8; 32]>::from(Sha256::digest(&member)));
+        let never = |_: &[u8]| -> io::Result<Vec<u8>> { panic!("compressed again") };
+        assert_eq!(
+            cache.get_or_compress(&data, never).unwrap(),
+            (member.clone(), digest)
+        );
+        assert_eq!(inflated(&cache), 0);
+
+        let second = MemberCache::open(&dir.path().join("members"), 1 << 30).unwrap();
+        for _ in 0..2 {
+            assert_eq!(second.get_or_compress(&data, never).unwrap().0, member);
+        }
+        assert_eq!(inflated(&second), 1, "checked once, then known");
+
+        // Under the name of the known member: one byte changed, then a valid member
+        // of other data. Each is inflated, refused and replaced.
+        let file = std::fs::read_dir(dir.path().join("members"))
+            .unwrap()
+            .map(|e| e.unwrap().path().join(hex::encode(Sha256::digest(&data))))
+            .find(|p| p.exists())
+            .unwrap();
+        let mut flipped = member.clone();
+        flipped[member.len() / 2] ^= 1;
+        let planted = compress(&other).unwrap();
+        for (k, bad) in [flipped, planted].into_iter().enumerate() {
+            std::fs::write(&file, bad).unwrap();
+            assert_eq!(cache.get_or_compress(&data, compress).unwrap().0, member);
+            assert_eq!(
+                (inflated(&cache), damaged(&cache)),
+                (k as u64 + 1, k as u64 + 1)
+            );
+        }
+        assert_eq!(std::fs::read(&file).unwrap(), member, "repaired");
+    }
+
+    /// Bytes that do not compress (so their members are kept: [`MIN_KEPT`]).
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed;
+        (0..len)
             .map(|_| {
                 x = x
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 (x >> 56) as u8
             })
-            .collect();
-        let compress = super::super::gz::compress_member;
-        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Compressed);
-        assert_eq!(cache.prime(&data, compress).unwrap(), Primed::Present);
-        assert_eq!(cache.stats.counts(), (0, 0, 0));
-        let member = cache
-            .get_or_compress(&data, |_| panic!("compressed again"))
-            .unwrap();
-        assert_eq!(member, compress(&data).unwrap());
-        assert_eq!(cache.stats.counts(), (1, 0, data.len() as u64));
+            .collect()
     }
 
     fn cache() -> (tempfile::TempDir, MemberCache) {
