@@ -11,7 +11,8 @@
 #              priming of its member cache ended), and one without a member cache
 #   copy       that cp -a (copy_file_range between the cache and staging/) vs cp -a
 #              between two local directories of the same disk
-#   uploaded   bytes sent per turn, as a share of the object
+#   uploaded   bytes sent per turn, as a share of the object; also for one more turn
+#              whose changes sit together in the tree rather than all over it
 #   cache      the mount's cache after reading every turn, vs one turn unpacked
 #   open N+1   first `ls -R` of turn N+1 on a fresh mount whose cache holds turn N,
 #              vs with an empty cache
@@ -58,14 +59,23 @@ settle() { sync -f "$WORK" 2>/dev/null || sync; }
 
 # One turn: about 1% of the files get a line appended (text) or 4 KiB overwritten in
 # the middle (binary), 3 new files appear and 3 go. Deterministic per turn number.
+# Scattered (the default): files picked at random over the whole tree. Clustered:
+# files next to each other in path order (so in the archive), the 3 that go right
+# after them, the 3 new ones in the first one's directory.
 change_tree() {
-    local dir="$1" turn="$2"
-    "$CKPTFS_VENV/bin/python" - "$dir" "$turn" <<'EOF'
+    local dir="$1" turn="$2" how="${3:-scattered}"
+    "$CKPTFS_VENV/bin/python" - "$dir" "$turn" "$how" <<'EOF'
 import os, random, sys
-root, turn = sys.argv[1], int(sys.argv[2])
+root, turn, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rng = random.Random(1000 + turn)
 files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
-for path in rng.sample(files, max(1, len(files) // 100)):
+count = max(1, len(files) // 100)
+if how == "clustered":
+    start = rng.randrange(len(files) - count - 3)
+    edited = files[start:start + count]
+else:
+    edited = rng.sample(files, count)
+for path in edited:
     if path.endswith(".bin"):
         with open(path, "r+b") as f:
             f.seek(os.path.getsize(path) // 2)
@@ -73,11 +83,15 @@ for path in rng.sample(files, max(1, len(files) // 100)):
     else:
         with open(path, "a") as f:
             f.write(f"# turn {turn}: edited\n")
-for path in rng.sample(files, 3):
+if how == "clustered":
+    removed, new_dir = files[start + count:start + count + 3], os.path.dirname(edited[0])
+else:
+    removed, new_dir = rng.sample(files, 3), root
+for path in removed:
     if os.path.exists(path):
         os.remove(path)
 for i in range(3):
-    with open(os.path.join(root, f"turn{turn}-new{i}.txt"), "w") as f:
+    with open(os.path.join(new_dir, f"turn{turn}-new{i}.txt"), "w") as f:
         f.write(f"new in turn {turn}\n" * rng.randint(10, 2000))
 EOF
 }
@@ -243,6 +257,14 @@ record bare_seal_s "$(step_secs seal)"
 record bare_seal_sent "$(logged sent "$(grep ' sealed' "$WORK/cache-bare/ckptfs.log" | tail -n 1)")"
 unmount_wait "$MNT" "$PID"
 
+# --- a 1% turn whose changes sit together in the tree (change_tree's clustered), as
+# when a turn works on one part of the workspace: put after the scattered turns.
+turn=$((BENCH_TURNS + 1))
+change_tree "$TREE" "$turn" clustered
+tar -cf - -C "$TREE" . >/dev/null
+ck_put cluster "$WORK/members" >/dev/null
+log "turn $turn (clustered): put $(tail -n 1 "$RES/cluster_s") s, sent $(tail -n 1 "$RES/cluster_sent") bytes"
+
 # --- tables ---------------------------------------------------------------------------
 mb="$(human "$TREE_BYTES")"
 full="$(med full_s)"
@@ -259,6 +281,8 @@ md_row "full put (empty member cache: every member compressed)" "$(f2 "$full")" 
 md_row "\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`" "$(f2 "$(med pipe_s)")" "$(ratio "$(med pipe_s)" "$full")" ""
 md_row "put of a 1% turn, member cache of the turns before ($(med turn_reused) members reused, $(med turn_compressed) compressed)" \
     "$(f2 "$(med turn_s)")" "**$(ratio "$(med turn_s)" "$full")**" "≤ 0.25"
+md_row "put of a 1% turn whose changes sit together in the tree (one turn; $(med cluster_reused) members reused, $(med cluster_compressed) compressed)" \
+    "$(f2 "$(med cluster_s)")" "$(ratio "$(med cluster_s)" "$full")" ""
 md_row "seal of a one-file change through the mount" "$(f2 "$(med seal_s)")" "**$(ratio "$(med seal_s)" "$full")**" "≤ 0.3"
 md_row "the same, first seal on a replica that only downloaded turn N ($(med first_seal_compressed) members compressed; turn N's were primed in $(f2 "$(med prime_s)") s behind the copy)" \
     "$(f2 "$(med first_seal_s)")" "$(ratio "$(med first_seal_s)" "$full")" ""
@@ -276,6 +300,8 @@ echo
 md_header "measurement" "value" "ratio" "target"
 md_row "bytes sent per 1% turn (the rest copied in the store: \`UploadPartCopy\`)" "$(human "$(med turn_sent)")" \
     "**$(ratio "$(med turn_sent)" "$OBJECT")** of the object" "≤ 0.15"
+md_row "bytes sent by the 1% turn whose changes sit together" "$(human "$(med cluster_sent)")" \
+    "$(ratio "$(med cluster_sent)" "$(med cluster_object)") of the object" "≤ 0.15"
 md_row "bytes sent by the seal of a one-file change" "$(human "$(med seal_sent)")" \
     "**$(ratio "$(med seal_sent)" "$OBJECT")** of the object" ""
 md_row "bytes sent by that first seal on a replica (layout of turn N recorded at its download)" "$(human "$(med first_seal_sent)")" \
