@@ -69,10 +69,7 @@ pub fn time_from_secs(secs: i64) -> SystemTime {
 }
 
 fn entry(attr: Attr) -> Entry {
-    Entry {
-        attr,
-        ttl: IMMUTABLE_TTL,
-    }
+    Entry::new(attr, IMMUTABLE_TTL)
 }
 
 impl Checkpoints {

@@ -52,7 +52,7 @@ impl FuseAdapter {
         reply: ReplyEntry,
     ) {
         match result {
-            Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
+            Ok(entry) => reply_with(reply, &entry),
             Err(e) => reply.error(errno(op, parent, &e)),
         }
     }
@@ -160,7 +160,7 @@ impl Filesystem for FuseAdapter {
         self.fs.prepare(parent.0, Reading::Lookup, move |fs| {
             let _timer = Timer(fs, Op::Lookup, started);
             match fs.lookup(parent.0, &name) {
-                Ok(entry) => reply.entry(&entry.ttl, &file_attr(&entry.attr), Generation(0)),
+                Ok(entry) => reply_with(reply, &entry),
                 Err(e) => reply.error(errno("lookup", parent.0, &e)),
             }
         });
@@ -266,7 +266,7 @@ impl Filesystem for FuseAdapter {
                     INodeNo(found.attr.ino),
                     next,
                     name,
-                    &found.ttl,
+                    &found.name_ttl,
                     &file_attr(&found.attr),
                     Generation(0),
                 );
@@ -330,7 +330,12 @@ impl Filesystem for FuseAdapter {
             Ok(created) => created,
             Err(e) => return reply.error(errno("create", parent.0, &e)),
         };
-        let (ttl, attr, fh) = (entry.ttl, file_attr(&entry.attr), FileHandle(opened.fh));
+        // One TTL for the name and the attributes here: the name's.
+        let (ttl, attr, fh) = (
+            entry.name_ttl,
+            file_attr(&entry.attr),
+            FileHandle(opened.fh),
+        );
         let passthrough = self.passthrough.load(Ordering::Relaxed);
         let ino = entry.attr.ino;
         match open_as(passthrough, &self.backing, ino, &opened, |f| {
@@ -660,4 +665,15 @@ impl Filesystem for FuseAdapter {
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(errno("removexattr", ino.0, &self.fs.removexattr(ino.0)));
     }
+}
+
+/// A lookup's (or a make's) reply: the name and the attributes each for as long as
+/// the core allows.
+fn reply_with(reply: ReplyEntry, entry: &Entry) {
+    reply.entry_with_ttls(
+        &entry.ttl,
+        &entry.name_ttl,
+        &file_attr(&entry.attr),
+        Generation(0),
+    );
 }

@@ -98,12 +98,27 @@ pub struct Attr {
     pub ctime: SystemTime,
 }
 
-/// An inode's attributes and how long the kernel may keep them (and the name that
-/// led to it, for a lookup).
+/// An inode's attributes and how long the kernel may keep them, and the name that
+/// led to it (for a lookup or a create).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub attr: Attr,
+    /// How long the kernel may keep the attributes.
     pub ttl: Duration,
+    /// How long it may keep the name: shorter than `ttl` where a name can change
+    /// under the kernel's feet.
+    pub name_ttl: Duration,
+}
+
+impl Entry {
+    /// Attributes and name kept alike for `ttl`.
+    pub fn new(attr: Attr, ttl: Duration) -> Entry {
+        Entry {
+            attr,
+            ttl,
+            name_ttl: ttl,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -157,7 +157,7 @@ impl Subtree for Views {
             Some(Inode::Staging) => self.staging.attr_of(ino)?,
             _ => self.getattr(ino)?.attr,
         };
-        Ok(Entry { attr, ttl })
+        Ok(Entry::new(attr, ttl))
     }
 
     fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -204,7 +204,7 @@ impl Subtree for Views {
             }
             _ => return Err(FsError::NotFound),
         };
-        Ok(Entry { attr, ttl })
+        Ok(Entry::new(attr, ttl))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {

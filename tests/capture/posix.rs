@@ -597,6 +597,38 @@ fn requests(status: &str, operation: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// A path through `staging/NAME/` costs the daemon one request a walk: the kernel
+/// asks for `NAME` again each time (a seal turns `commit/NAME` into a symlink under
+/// its feet, so that name is never cached), but keeps its attributes as it keeps
+/// those of every staged file, instead of asking for them too.
+#[test]
+fn a_path_walk_through_a_staged_workspace_asks_for_its_name_only() {
+    let (_store, mount) = mount();
+    let staged = mount.staged("walked");
+    fs::create_dir_all(staged.join("src/deep")).unwrap();
+    let file = staged.join("src/deep/file.rs");
+    fs::write(&file, b"fn main() {}\n").unwrap();
+    let walks = 200;
+    let status = mount.status_text();
+    let (lookups, getattrs) = (requests(&status, "lookup"), requests(&status, "getattr"));
+    for _ in 0..walks {
+        assert_eq!(fs::metadata(&file).unwrap().len(), 13);
+    }
+    let status = mount.status_text();
+    // Reading .status itself costs a lookup and a getattr at most.
+    let lookups = requests(&status, "lookup") - lookups;
+    let getattrs = requests(&status, "getattr") - getattrs;
+    // The first walk may find the name just made still fresh.
+    assert!(
+        lookups + 1 >= walks,
+        "{lookups} lookups for {walks} walks:\n{status}"
+    );
+    assert!(
+        getattrs <= walks / 10,
+        "{getattrs} getattrs for {walks} walks:\n{status}"
+    );
+}
+
 /// Starting a turn from the last one: `cp -a MNT/latest/. MNT/staging/NAME/` copies
 /// file contents with `copy_file_range`, which the daemon hands to the kernel as a
 /// copy between the cache's file and the staged one, never past the copied file's

@@ -484,16 +484,22 @@ impl StagingTree {
         })
     }
 
-    /// The entry for `attr`, found or made in directory `parent`: top-level names of
-    /// `staging/` are never cached (a seal turns `commit/NAME` from a directory into
-    /// a symlink under the kernel's feet), others for a second.
+    /// The entry for `attr`, found or made in directory `parent`: attributes are
+    /// cached for a second, and so are names, but for the top-level names of
+    /// `staging/`, which are never cached (a seal turns `commit/NAME` from a directory
+    /// into a symlink under the kernel's feet). Their attributes are: the kernel then
+    /// checks the name again on each path walk through it, but not the attributes too.
     pub fn entry_in(&self, parent: u64, attr: Attr) -> Entry {
-        let ttl = if parent == inode::STAGING {
+        let name_ttl = if parent == inode::STAGING {
             Duration::ZERO
         } else {
             ATTR_TTL
         };
-        Entry { attr, ttl }
+        Entry {
+            attr,
+            ttl: ATTR_TTL,
+            name_ttl,
+        }
     }
 
     /// Opens a file; the handle keeps the open file, and a second descriptor of it
@@ -643,10 +649,7 @@ impl Subtree for StagingTree {
     }
 
     fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
-        Ok(Entry {
-            attr: self.attr_of(ino)?,
-            ttl: ATTR_TTL,
-        })
+        Ok(Entry::new(self.attr_of(ino)?, ATTR_TTL))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
