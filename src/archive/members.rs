@@ -214,12 +214,15 @@ impl MemberCache {
             return Ok(found);
         }
         let member = compress(data)?;
-        let digest = self.remember(key, &member);
+        let digest: [u8; 32] = Sha256::digest(&member).into();
         self.stats.compressed.fetch_add(1, Ordering::Relaxed);
-        if member.len() >= MIN_KEPT
-            && let Err(e) = self.keep(&name, &member)
-        {
-            tracing::debug!(member = %name, error = %e, "cannot keep a compressed member");
+        if member.len() >= MIN_KEPT {
+            match self.keep(&name, &member) {
+                Ok(()) => self.remember(key, digest),
+                Err(e) => {
+                    tracing::debug!(member = %name, error = %e, "cannot keep a compressed member")
+                }
+            }
         }
         Ok((member, digest))
     }
@@ -266,19 +269,18 @@ impl MemberCache {
             if !inflates_to(&member, data) {
                 return self.damaged(name, "does not inflate to its data");
             }
-            self.known.lock().expect("known lock").put(*key, digest);
+            self.remember(*key, digest);
         }
         // Least recently used goes first in `trim`.
         let _ = file.set_modified(SystemTime::now());
         Some((member, digest))
     }
 
-    /// Remembers `member` as the compression of the data whose SHA-256 is `key`, and
-    /// gives the SHA-256 of its bytes.
-    fn remember(&self, key: [u8; 32], member: &[u8]) -> [u8; 32] {
-        let digest: [u8; 32] = Sha256::digest(member).into();
+    /// Remembers `digest` as that of a member this process kept or checked for the
+    /// data whose SHA-256 is `key`. Only members on disk are remembered: those too
+    /// small to keep would only push out the ones that are.
+    fn remember(&self, key: [u8; 32], digest: [u8; 32]) {
         self.known.lock().expect("known lock").put(key, digest);
-        digest
     }
 
     /// Counts and removes a cached member that cannot be used.
@@ -311,9 +313,9 @@ impl MemberCache {
             return Ok(Primed::Full);
         }
         let member = compress(data)?;
-        self.remember(key, &member);
         if member.len() >= MIN_KEPT {
             self.write(&name, &member)?;
+            self.remember(key, Sha256::digest(&member).into());
         }
         Ok(Primed::Compressed)
     }
@@ -629,6 +631,11 @@ mod tests {
             assert_eq!(second.get_or_compress(&data, never).unwrap().0, member);
         }
         assert_eq!(inflated(&second), 1, "checked once, then known");
+        // Priming checks a member already there; the capture after it does not.
+        let third = MemberCache::open(&dir.path().join("members"), 1 << 30).unwrap();
+        assert_eq!(third.prime(&data, never).unwrap(), Primed::Present);
+        assert_eq!(third.get_or_compress(&data, never).unwrap().0, member);
+        assert_eq!(inflated(&third), 1, "inflated by priming only");
 
         // Under the name of the known member: one byte changed, then a valid member
         // of other data. Each is inflated, refused and replaced.

@@ -1,6 +1,8 @@
 //! `ckptfs put STORE DIR`: captures a directory as a checkpoint; prints
 //! `<sha256> <size>` on stdout and what happened in the store on stderr.
 
+use std::sync::atomic::Ordering;
+
 use anyhow::{Context, Result, bail};
 
 use super::{
@@ -48,11 +50,13 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     upload.finish_and_clear();
     if let Some(members) = &members {
         let (reused, compressed, reused_bytes) = members.stats.counts();
+        let inflated = members.stats.inflated.load(Ordering::Relaxed);
         tracing::info!(
             reused,
             compressed,
             reused_bytes,
-            "gzip members: reused from earlier captures, and compressed"
+            inflated,
+            "gzip members: reused from earlier captures (those inflated to check them), and compressed"
         );
     }
     if report.outcome == StoreOutcome::Stored {

@@ -30,6 +30,7 @@
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime};
@@ -342,12 +343,15 @@ impl Sealer {
                 // Over the mount's life: how much the member cache saved.
                 let (reused, compressed, _) =
                     (self.config.members.as_ref()).map_or((0, 0, 0), |m| m.stats.counts());
+                let inflated = (self.config.members.as_ref())
+                    .map_or(0, |m| m.stats.inflated.load(Ordering::Relaxed));
                 tracing::info!(
                     workspace = %shown,
                     checkpoint = %id,
                     %how,
                     members_reused = reused,
                     members_compressed = compressed,
+                    members_inflated = inflated,
                     sent = if *how == StoreOutcome::Stored { size - copied } else { 0 },
                     copied,
                     "sealed"

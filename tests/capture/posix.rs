@@ -618,7 +618,7 @@ fn a_path_walk_through_a_staged_workspace_asks_for_its_name_only() {
     // Reading .status itself costs a lookup and a getattr at most.
     let lookups = requests(&status, "lookup") - lookups;
     let getattrs = requests(&status, "getattr") - getattrs;
-    // The first walk may find the name just made still fresh.
+    // One walk in one run was seen without a lookup; the bound leaves room for it.
     assert!(
         lookups + 1 >= walks,
         "{lookups} lookups for {walks} walks:\n{status}"
