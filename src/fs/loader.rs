@@ -214,7 +214,12 @@ impl Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the queue's lock: a worker that has looked at `stop` holds it
+            // until its wait has begun, so it cannot miss the wake-up below.
+            let _queue = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.stop.store(true, Ordering::SeqCst);
+        }
         self.shared.queued.notify_all();
         for worker in self.workers.drain(..) {
             let _ = worker.join();

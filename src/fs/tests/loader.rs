@@ -151,3 +151,27 @@ fn eviction_keeps_the_bound_and_spares_open_files() {
     assert_eq!(read_all(&f.fs, file1), b);
     assert_eq!(f.faults.gets.load(Ordering::SeqCst), gets + 1);
 }
+
+/// A mount that stops at once, while its loaders are still starting, stops: a loader
+/// between its look at the stop flag and its wait must not miss the wake-up (a test
+/// run once hung so, in the loader's drop). Four threads at once, so that loaders are
+/// preempted there.
+#[test]
+fn a_filesystem_dropped_as_it_starts_stops_its_loaders() {
+    let (done, finished) = mpsc::channel();
+    for _ in 0..4 {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for _ in 0..1000 {
+                drop(fixture(&[]));
+            }
+            let _ = done.send(());
+        });
+    }
+    for _ in 0..4 {
+        assert!(
+            finished.recv_timeout(Duration::from_secs(120)).is_ok(),
+            "a loader never stopped"
+        );
+    }
+}
