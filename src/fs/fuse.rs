@@ -58,6 +58,17 @@ impl FuseAdapter {
     }
 }
 
+/// A lookup's (or a make's) reply: the name and the attributes each for as long as
+/// the core allows.
+fn reply_with(reply: ReplyEntry, entry: &Entry) {
+    reply.entry_with_ttls(
+        &entry.ttl,
+        &entry.name_ttl,
+        &file_attr(&entry.attr),
+        Generation(0),
+    );
+}
+
 fn file_attr(attr: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(attr.ino),
@@ -665,15 +676,4 @@ impl Filesystem for FuseAdapter {
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(errno("removexattr", ino.0, &self.fs.removexattr(ino.0)));
     }
-}
-
-/// A lookup's (or a make's) reply: the name and the attributes each for as long as
-/// the core allows.
-fn reply_with(reply: ReplyEntry, entry: &Entry) {
-    reply.entry_with_ttls(
-        &entry.ttl,
-        &entry.name_ttl,
-        &file_attr(&entry.attr),
-        Generation(0),
-    );
 }
