@@ -432,10 +432,15 @@ pub struct MountArgs {
     pub part_size: u64,
     #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMBER_CACHE_SIZE", help = MEMBER_CACHE_HELP)]
     pub member_cache_size: u64,
-    /// Browse only: no staging/ and commit/, mounted `ro`, and files are opened by the
-    /// kernel without asking the daemon (faster for many small files; no passthrough).
+    /// Browse only: no staging/ and commit/, mounted `ro`.
     #[arg(long, env = "CKPTFS_READ_ONLY")]
     pub read_only: bool,
+    /// Open files through the daemon, so that checkpoint files of 16 KiB and more are
+    /// read by FUSE passthrough, at the speed of the cache's disk, from the first
+    /// read on; costs a round trip to the daemon per open (slower for many small
+    /// files). By default the kernel opens files by itself.
+    #[arg(long, env = "CKPTFS_PASSTHROUGH")]
+    pub passthrough: bool,
     /// Checkpoints verified and loaded at once (default: half the cores, 2 to 16);
     /// first accesses beyond it wait in order.
     #[arg(long, value_name = "N", env = "CKPTFS_LOADERS")]

@@ -223,6 +223,7 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
             members: member_cache(&cache_dir, args.member_cache_size),
             loaders: args.loaders.unwrap_or_else(default_loaders),
             read_only: args.read_only,
+            passthrough: args.passthrough,
         },
     ))
 }

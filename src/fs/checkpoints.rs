@@ -12,13 +12,16 @@ use std::collections::HashMap;
 use lru::LruCache;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::inode::{self, Inode};
 use super::listing::{Catalog, Slot};
 use super::loader::{Load, Loader};
-use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use super::readahead::ReadAhead;
+use super::{
+    Attr, CopySource, DirEntry, Entry, FileKind, FsError, KernelCache, NO_HANDLE, Opened, Subtree,
+};
 use crate::archive::index::{FileLocation, Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 
@@ -55,6 +58,7 @@ pub struct Checkpoints {
     next_fh: AtomicU64,
     /// Own files read without an open (see `read_unopened`), kept open a while.
     unopened: Mutex<LruCache<u64, Arc<File>>>,
+    readahead: ReadAhead,
 }
 
 /// Own files kept open for reads that come without an open.
@@ -73,8 +77,14 @@ fn entry(attr: Attr) -> Entry {
 }
 
 impl Checkpoints {
-    pub fn new(catalog: Arc<Catalog>, loader: Arc<Loader>, owners: Owners) -> Self {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        loader: Arc<Loader>,
+        owners: Owners,
+        kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
+    ) -> Self {
         Checkpoints {
+            readahead: ReadAhead::start(kernel),
             catalog,
             loader,
             owners,
@@ -86,16 +96,22 @@ impl Checkpoints {
         }
     }
 
-    /// Reads file `ino` without a handle (a read-only mount answers no opens): its
-    /// checkpoint is loaded (the kernel looked the file up first), and a large file's
-    /// own cache file is kept open for the next reads.
     fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
         let handles = self.handles.lock().expect("handles lock");
         handles.get(&fh).cloned().ok_or(FsError::BadHandle)
     }
 
-    pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let (_, node, checkpoint) = self.node(ino)?;
+    /// Reads file `ino` without a handle (the kernel opened it by itself): its
+    /// checkpoint is loaded (the kernel looked the file up first), and a large file's
+    /// own cache file is kept open for the next reads.
+    fn read_unopened(
+        &self,
+        node: u32,
+        checkpoint: &VerifiedCheckpoint,
+        ino: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, FsError> {
         let NodeKind::File {
             size: file_size,
             location,
@@ -127,6 +143,31 @@ impl Checkpoints {
                 crate::cache::read_at(&file, offset, size as usize).map_err(FsError::Io)
             }
         }
+    }
+
+    /// A file's bytes for a copy made by the kernel, found by inode (the kernel opened
+    /// the file by itself). The copy holds the checkpoint while it runs.
+    fn copy_source_unopened(&self, ino: u64) -> Result<CopySource, FsError> {
+        let (_, node, checkpoint) = self.node(ino)?;
+        let NodeKind::File { size, location, .. } =
+            checkpoint.index.node(node).ok_or(FsError::NotFound)?.kind
+        else {
+            return Err(FsError::IsADirectory);
+        };
+        let (file, start, size) = match location {
+            FileLocation::Own => (checkpoint.open_own(node).map_err(FsError::Io)?, 0, u64::MAX),
+            FileLocation::Packed { offset } => (
+                checkpoint.pack().try_clone().map_err(FsError::Io)?,
+                offset,
+                size,
+            ),
+        };
+        Ok(CopySource {
+            file,
+            start,
+            size,
+            from: Some(checkpoint),
+        })
     }
 
     fn slot(&self, index: usize) -> Result<Arc<Slot>, FsError> {
@@ -317,7 +358,14 @@ impl Subtree for Checkpoints {
         })
     }
 
-    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let (slot, node, checkpoint) = self.node(ino)?;
+        if offset == 0 {
+            self.readahead.first_read(slot, node, &checkpoint);
+        }
+        if fh == NO_HANDLE {
+            return self.read_unopened(node, &checkpoint, ino, offset, size);
+        }
         match &*self.handle(fh)? {
             Handle::Own { file, .. } => {
                 crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
@@ -335,7 +383,10 @@ impl Subtree for Checkpoints {
         }
     }
 
-    fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
+    fn copy_source(&self, ino: u64, fh: u64) -> Result<CopySource, FsError> {
+        if fh == NO_HANDLE {
+            return self.copy_source_unopened(ino);
+        }
         let handle = self.handle(fh)?;
         let (file, start, size, from) = match &*handle {
             Handle::Own { file, checkpoint } => (file, 0, u64::MAX, checkpoint),

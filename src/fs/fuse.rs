@@ -1,15 +1,17 @@
 //! The FUSE adapter: converts fuser's arguments and replies to and from
 //! [`CheckpointFs`] calls, and does nothing else. The core decides what the kernel may
-//! cache ([`super::Entry::ttl`], [`super::Opened`]) and which operations wait for a
-//! checkpoint to load ([`CheckpointFs::prepare`]); replies to those are sent from the
-//! loader's thread, as seal replies are sent from the seal's thread. Errors are
-//! logged once here, with the errno sent.
+//! cache ([`super::Entry::ttl`], [`super::Opened`]), whether opens reach the daemon
+//! ([`CheckpointFs::open_is_free`]) and which operations wait for a checkpoint to
+//! load ([`CheckpointFs::prepare`]); replies to those are sent from the loader's
+//! thread, as seal replies are sent from the seal's thread. What the core asks of the
+//! kernel's caches outside of replies goes through [`SessionCache`]. Errors are logged
+//! once here, with the errno sent.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
@@ -19,10 +21,11 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::inode;
 use super::metrics::Op;
 use super::passthrough::{Backing, BackingTable, OpenAs, open_as};
-use super::{Attr, Caller, CheckpointFs, Entry, FileKind, FsError, Reading, SetAttr, SetTime};
+use super::{
+    Attr, Caller, CheckpointFs, Entry, FileKind, FsError, KernelCache, Reading, SetAttr, SetTime,
+};
 
 pub struct FuseAdapter {
     fs: Arc<CheckpointFs>,
@@ -30,17 +33,27 @@ pub struct FuseAdapter {
     passthrough: Arc<AtomicBool>,
     /// Keeps each passthrough open's backing id alive until release.
     backing: Backing,
-    /// Set once the session exists; used to drop stale kernel entries after a seal.
-    notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// The kernel's caches, reached through the session's notifications.
+pub struct SessionCache(pub Notifier);
+
+impl KernelCache for SessionCache {
+    fn store(&self, ino: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.store(INodeNo(ino), 0, data)
+    }
+
+    fn forget_entry(&self, parent: u64, name: &[u8]) {
+        let _ = self.0.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+    }
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<CheckpointFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
+    pub fn new(fs: Arc<CheckpointFs>) -> Self {
         FuseAdapter {
             fs,
             passthrough: Arc::new(AtomicBool::new(false)),
             backing: Arc::new(Mutex::new(BackingTable::default())),
-            notifier,
         }
     }
 
@@ -151,6 +164,9 @@ impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // Files created in staging/ are written around the page cache (see
+        // `StagingTree::create`); this lets their creator map them all the same.
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
@@ -172,6 +188,15 @@ impl Filesystem for FuseAdapter {
             let _timer = Timer(fs, Op::Lookup, started);
             match fs.lookup(parent.0, &name) {
                 Ok(entry) => reply_with(reply, &entry),
+                // Node 0: the kernel keeps the name's absence for as long as allowed.
+                Err(e) if e.errno() == libc::ENOENT && !fs.negative_ttl(parent.0).is_zero() => {
+                    let ttl = fs.negative_ttl(parent.0);
+                    let absent = FileAttr {
+                        ino: INodeNo(0),
+                        ..placeholder_attr(0)
+                    };
+                    reply.entry_with_ttls(&ttl, &ttl, &absent, Generation(0));
+                }
                 Err(e) => reply.error(errno("lookup", parent.0, &e)),
             }
         });
@@ -193,7 +218,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let started = Instant::now();
         self.fs.prepare(ino.0, Reading::Readlink, move |fs| {
+            let _timer = Timer(fs, Op::Readlink, started);
             match fs.readlink(ino.0) {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(errno("readlink", ino.0, &e)),
@@ -305,7 +332,8 @@ impl Filesystem for FuseAdapter {
             };
             if fs.open_is_free() {
                 // The file can be opened: ENOSYS makes the kernel open every file by
-                // itself from now on, keeping its page cache, and read without a handle.
+                // itself from now on, keeping its page cache, and read and write
+                // without a handle.
                 fs.release(opened.fh);
                 return reply.error(Errno::from_i32(libc::ENOSYS));
             }
@@ -371,18 +399,21 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _timer = Timer(&self.fs, Op::Read, Instant::now());
-        match self.fs.read(ino.0, fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno("read", ino.0, &e)),
-        }
+        let started = Instant::now();
+        self.fs.prepare(ino.0, Reading::Read, move |fs| {
+            let _timer = Timer(fs, Op::Read, started);
+            match fs.read(ino.0, fh.0, offset, size) {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno("read", ino.0, &e)),
+            }
+        });
     }
 
     fn write(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -391,7 +422,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let _timer = Timer(&self.fs, Op::Write, Instant::now());
-        match self.fs.write(fh.0, offset, data) {
+        match self.fs.write(ino.0, offset, data) {
             Ok(written) => reply.written(written),
             Err(e) => reply.error(errno("write", ino.0, &e)),
         }
@@ -400,24 +431,25 @@ impl Filesystem for FuseAdapter {
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
         ino_out: INodeNo,
-        fh_out: FileHandle,
+        _fh_out: FileHandle,
         offset_out: u64,
         len: u64,
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let _timer = Timer(&self.fs, Op::CopyFileRange, Instant::now());
-        match self
-            .fs
-            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
-        {
-            Ok(copied) => reply.written(copied),
-            Err(e) => reply.error(errno("copy_file_range", ino_out.0, &e)),
-        }
+        let started = Instant::now();
+        self.fs.prepare(ino_in.0, Reading::Read, move |fs| {
+            let _timer = Timer(fs, Op::CopyFileRange, started);
+            let from = (ino_in.0, fh_in.0, offset_in);
+            match fs.copy_file_range(from, (ino_out.0, offset_out), len) {
+                Ok(copied) => reply.written(copied),
+                Err(e) => reply.error(errno("copy_file_range", ino_out.0, &e)),
+            }
+        });
     }
 
     fn flush(
@@ -437,11 +469,12 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fsync(fh.0) {
+        let _timer = Timer(&self.fs, Op::Fsync, Instant::now());
+        match self.fs.fsync(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("fsync", ino.0, &e)),
         }
@@ -457,6 +490,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _timer = Timer(&self.fs, Op::Release, Instant::now());
         self.backing.lock().expect("backing lock").release(fh.0);
         self.fs.release(fh.0);
         reply.ok();
@@ -534,6 +568,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _timer = Timer(&self.fs, Op::Setattr, Instant::now());
         let set = SetAttr {
             mode,
             uid,
@@ -559,6 +594,7 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _timer = Timer(&self.fs, Op::Mknod, Instant::now());
         let mode = mode & !(umask & 0o7777);
         let result = self
             .fs
@@ -575,6 +611,7 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _timer = Timer(&self.fs, Op::Mkdir, Instant::now());
         let result = self
             .fs
             .mkdir(parent.0, name.as_bytes(), mode & !umask, caller(req));
@@ -589,6 +626,7 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _timer = Timer(&self.fs, Op::Symlink, Instant::now());
         let result = self.fs.symlink(
             parent.0,
             link_name.as_bytes(),
@@ -606,11 +644,13 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _timer = Timer(&self.fs, Op::Link, Instant::now());
         let result = self.fs.link(ino.0, newparent.0, newname.as_bytes());
         self.reply_entry(newparent.0, result, "link", reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _timer = Timer(&self.fs, Op::Unlink, Instant::now());
         match self.fs.unlink(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("unlink", parent.0, &e)),
@@ -618,6 +658,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _timer = Timer(&self.fs, Op::Rmdir, Instant::now());
         match self.fs.rmdir(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("rmdir", parent.0, &e)),
@@ -634,8 +675,6 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let notifier = Arc::clone(&self.notifier);
-        let committed = newname.to_owned();
         let (fs, started) = (Arc::clone(&self.fs), Instant::now());
         self.fs.rename(
             (parent.0, name.as_bytes()),
@@ -644,16 +683,7 @@ impl Filesystem for FuseAdapter {
             Box::new(move |result| {
                 let _timer = Timer(&fs, Op::Rename, started);
                 match result {
-                    Ok(()) => {
-                        reply.ok();
-                        if newparent.0 == inode::COMMIT
-                            && let Some(notifier) = notifier.get()
-                        {
-                            // The kernel moved the staged directory's entry to commit/NAME;
-                            // it is a symlink now. (Uncached entries make this a courtesy.)
-                            let _ = notifier.inval_entry(INodeNo(inode::COMMIT), &committed);
-                        }
-                    }
+                    Ok(()) => reply.ok(),
                     Err(e) => reply.error(errno("rename", parent.0, &e)),
                 }
             }),

@@ -10,25 +10,45 @@ use std::time::Duration;
 pub enum Op {
     Lookup,
     Getattr,
+    Readlink,
     Readdir,
     Open,
     Read,
     Write,
     Create,
+    Setattr,
+    Mkdir,
+    Mknod,
+    Symlink,
+    Link,
+    Unlink,
+    Rmdir,
     Rename,
     CopyFileRange,
+    Fsync,
+    Release,
 }
 
-const OPS: [(Op, &str); 9] = [
+const OPS: [(Op, &str); 19] = [
     (Op::Lookup, "lookup"),
     (Op::Getattr, "getattr"),
+    (Op::Readlink, "readlink"),
     (Op::Readdir, "readdir"),
     (Op::Open, "open"),
     (Op::Read, "read"),
     (Op::Write, "write"),
     (Op::Create, "create"),
+    (Op::Setattr, "setattr"),
+    (Op::Mkdir, "mkdir"),
+    (Op::Mknod, "mknod"),
+    (Op::Symlink, "symlink"),
+    (Op::Link, "link"),
+    (Op::Unlink, "unlink"),
+    (Op::Rmdir, "rmdir"),
     (Op::Rename, "rename"),
     (Op::CopyFileRange, "copy_file_range"),
+    (Op::Fsync, "fsync"),
+    (Op::Release, "release"),
 ];
 
 /// Bucket `i` counts latencies below 2^i microseconds (the last one, anything).

@@ -29,13 +29,14 @@ pub mod loader;
 pub mod metrics;
 pub mod mount;
 mod passthrough;
+mod readahead;
 pub mod sealer;
 pub mod staging;
 pub mod status;
 pub mod views;
 
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use crate::archive::Limits;
@@ -67,9 +68,12 @@ pub struct FsConfig {
     pub members: Option<Arc<crate::archive::members::MemberCache>>,
     /// Checkpoints loaded at once (see [`loader::default_loaders`]).
     pub loaders: usize,
-    /// No `staging/` and no `commit/`; files are read without opening them (see
-    /// [`CheckpointFs::open_is_free`]).
+    /// No `staging/` and no `commit/`.
     pub read_only: bool,
+    /// Files are opened through the daemon, so that large checkpoint files can be
+    /// read by FUSE passthrough; otherwise the kernel opens files by itself (see
+    /// [`CheckpointFs::open_is_free`]).
+    pub passthrough: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +136,17 @@ pub struct DirEntry {
 /// [`CheckpointFs::open_is_free`]); no open ever returns it.
 pub const NO_HANDLE: u64 = 0;
 
+/// What the core may ask of the kernel's caches, outside of replies: implemented by
+/// the FUSE adapter over its session, absent in tests without a kernel. Failures
+/// only cost speed, and are not reported.
+pub trait KernelCache: Send + Sync {
+    /// Puts `data` in the page cache of file `ino` from offset 0, as if it had been
+    /// read. Fails with `ENOENT` if the kernel does not know `ino`.
+    fn store(&self, ino: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Drops the kernel's entry for `parent/name`.
+    fn forget_entry(&self, parent: u64, name: &[u8]);
+}
+
 /// What the adapter needs to answer an `open`.
 #[derive(Debug)]
 pub struct Opened {
@@ -173,13 +188,16 @@ pub trait Subtree: Send + Sync {
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, u64) -> bool,
     ) -> Result<(), FsError>;
-    /// Opens a file with `open(2)` flags.
+    /// Opens a file with `open(2)` flags (asked only when the kernel sends opens).
     fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError>;
-    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError>;
-    /// The bytes behind open handle `fh` as a range of a file on disk, so that the
-    /// kernel can copy them itself (`copy_file_range`). `ENOTSUP` where there is no
-    /// such file: the kernel then copies through `read` and `write`.
-    fn copy_source(&self, _fh: u64) -> Result<CopySource, FsError> {
+    /// Reads file `ino`, through open handle `fh`, or [`NO_HANDLE`] for a file the
+    /// kernel opened by itself.
+    fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError>;
+    /// The bytes of file `ino` (open as `fh`, or [`NO_HANDLE`]) as a range of a file
+    /// on disk, so that the kernel can copy them itself (`copy_file_range`).
+    /// `ENOTSUP` where there is no such file: the kernel then copies through `read`
+    /// and `write`.
+    fn copy_source(&self, _ino: u64, _fh: u64) -> Result<CopySource, FsError> {
         Err(FsError::NotSupported("copy_file_range"))
     }
     fn release(&self, fh: u64);
@@ -188,8 +206,10 @@ pub trait Subtree: Send + Sync {
 }
 
 /// The operations that read a tree: those [`CheckpointFs::prepare`] may defer until a
-/// checkpoint is loaded. Reads and releases go by handle (the checkpoint was loaded
-/// when the file was opened); changes are refused without looking inside.
+/// checkpoint is loaded. Reads come by inode where the kernel opens files by itself,
+/// and a checkpoint may have been evicted since the file was opened (nothing told the
+/// daemon it was): they wait for it to load again, like a first access. Releases go
+/// by handle; changes are refused without looking inside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reading {
     Lookup,
@@ -198,6 +218,7 @@ pub enum Reading {
     Opendir,
     Readdir,
     Open,
+    Read,
 }
 
 pub struct CheckpointFs {
@@ -209,7 +230,8 @@ pub struct CheckpointFs {
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
     latencies: Arc<metrics::Latencies>,
-    read_only: bool,
+    passthrough: bool,
+    kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
 }
 
 impl CheckpointFs {
@@ -238,10 +260,12 @@ impl CheckpointFs {
             override_: config.owner_override,
             mounting: (config.uid, config.gid),
         };
+        let kernel = Arc::new(OnceLock::new());
         let checkpoints = Arc::new(Checkpoints::new(
             Arc::clone(&catalog),
             Arc::clone(&loader),
             owners,
+            Arc::clone(&kernel),
         ));
         let staging = Arc::new(staging);
         let sealer = Arc::new(Sealer::new(
@@ -280,8 +304,14 @@ impl CheckpointFs {
             staging,
             sealer,
             latencies,
-            read_only: config.read_only,
+            passthrough: config.passthrough,
+            kernel,
         })
+    }
+
+    /// Connects the core to the kernel's caches, once mounted.
+    pub fn attach_kernel(&self, kernel: Arc<dyn KernelCache>) {
+        let _ = self.kernel.set(kernel);
     }
 
     /// Lists the store and swaps in the new listing. On failure the previous listing
@@ -337,6 +367,18 @@ impl CheckpointFs {
         self.of_inode(parent).lookup(parent, name)
     }
 
+    /// How long the kernel may remember that a name is absent from directory
+    /// `parent`: for a day in a checkpoint (it never changes), as long as the names
+    /// around it in `staging/` (see [`StagingTree::entry_in`]), not at all in the
+    /// virtual tree (the listing changes).
+    pub fn negative_ttl(&self, parent: u64) -> Duration {
+        match Owner::of_inode(parent) {
+            Owner::Checkpoints => checkpoints::IMMUTABLE_TTL,
+            Owner::Staging => self.staging.negative_ttl(parent),
+            Owner::Views => Duration::ZERO,
+        }
+    }
+
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
         self.of_inode(ino).getattr(ino)
     }
@@ -362,24 +404,19 @@ impl CheckpointFs {
         self.of_inode(ino).open(ino, flags)
     }
 
-    /// Whether opening a file asks nothing of the daemon: on a read-only mount, the
-    /// adapter answers the first OPEN with ENOSYS, after which the kernel opens files
-    /// by itself (no round trip per open, page cache kept), and reads come with no
-    /// handle ([`NO_HANDLE`]). The price: no passthrough (no open, no backing file).
+    /// Whether opening a file asks nothing of the daemon: unless the mount was asked
+    /// for passthrough, the adapter answers the first OPEN with ENOSYS, after which
+    /// the kernel opens every file by itself (no round trip per open, and the page
+    /// cache is kept across opens), and reads and writes come with no handle
+    /// ([`NO_HANDLE`]). The price: no passthrough (no open, no backing file), so large
+    /// checkpoint files are read through the daemon the first time.
     pub fn open_is_free(&self) -> bool {
-        self.read_only
+        !self.passthrough
     }
 
-    /// Reads from an open handle, or by inode on a mount whose opens are free.
+    /// Reads file `ino`, through open handle `fh` or by inode ([`NO_HANDLE`]).
     pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        if fh != NO_HANDLE {
-            return self.of_handle(fh).read(fh, offset, size);
-        }
-        match Owner::of_inode(ino) {
-            Owner::Checkpoints => self.checkpoints.read_unopened(ino, offset, size),
-            Owner::Views => self.views.read_unopened(ino, offset, size),
-            Owner::Staging => Err(FsError::BadHandle),
-        }
+        self.of_inode(ino).read(ino, fh, offset, size)
     }
 
     pub fn release(&self, fh: u64) {
@@ -392,22 +429,17 @@ impl CheckpointFs {
     /// `len` only at the end of the source.
     pub fn copy_file_range(
         &self,
-        fh_in: u64,
-        offset_in: u64,
-        fh_out: u64,
-        offset_out: u64,
+        (ino_in, fh_in, offset_in): (u64, u64, u64),
+        (ino_out, offset_out): (u64, u64),
         len: u64,
     ) -> Result<u32, FsError> {
-        if Owner::of_handle(fh_out) != Owner::Staging {
-            return Err(FsError::ReadOnly);
+        if Owner::of_inode(ino_out) != Owner::Staging {
+            return Err(self.of_inode(ino_out).refusal(ino_out));
         }
-        if fh_in == NO_HANDLE {
-            return Err(FsError::NotSupported("copy_file_range"));
-        }
-        let source = self.of_handle(fh_in).copy_source(fh_in)?;
+        let source = self.of_inode(ino_in).copy_source(ino_in, fh_in)?;
         let copied = self
             .staging
-            .copy_into(fh_out, offset_out, &source, offset_in, len)?;
+            .copy_into(ino_out, offset_out, &source, offset_in, len)?;
         // A workspace is being started from this checkpoint: its seal will compress
         // only what changed, if the member cache has the rest.
         if let Some(checkpoint) = &source.from {
@@ -530,16 +562,14 @@ impl CheckpointFs {
         Ok((staging.entry_in(parent, attr), opened))
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
-        match Owner::of_handle(fh) {
-            Owner::Staging => self.staging.write(fh, offset, data),
-            _ => Err(FsError::ReadOnly),
-        }
+    /// Writes go by inode, handle or not (see `staging/files.rs`).
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        self.staging_for(ino)?.write(ino, offset, data)
     }
 
-    pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
-        match Owner::of_handle(fh) {
-            Owner::Staging => self.staging.fsync(fh),
+    pub fn fsync(&self, ino: u64) -> Result<(), FsError> {
+        match Owner::of_inode(ino) {
+            Owner::Staging => self.staging.fsync(ino),
             _ => Ok(()),
         }
     }
@@ -567,6 +597,16 @@ impl CheckpointFs {
             if let Err(e) = self.staging.check_sealable(name) {
                 return done(Err(e));
             }
+            let (kernel, committed) = (Arc::clone(&self.kernel), new_name.to_vec());
+            let done: SealDone = Box::new(move |result| {
+                let sealed = result.is_ok();
+                done(result);
+                if let (true, Some(kernel)) = (sealed, kernel.get()) {
+                    // The kernel moved the staged directory's entry to commit/NAME; it
+                    // is a symlink now. (Uncached entries make this a courtesy.)
+                    kernel.forget_entry(inode::COMMIT, &committed);
+                }
+            });
             return self.sealer.seal(name.to_vec(), new_name.to_vec(), done);
         }
         done(Err(self.subtree(owners.0).refusal(parent)))

@@ -4,8 +4,8 @@
 //! Every mount is `nosuid,nodev,default_permissions` (the kernel checks permissions
 //! against the attributes the filesystem reports), of type `fuse.ckptfs`, served by
 //! `threads` request threads each with its own cloned `/dev/fuse` descriptor. The
-//! adapter's notifier (which invalidates `commit/NAME` after a seal) is wired to the
-//! session before any request is served.
+//! core is connected to the kernel's caches (see [`super::KernelCache`]) before any
+//! request is served.
 //!
 //! What a process does around a mount (daemonising, signals, refreshing the listing,
 //! choosing directories) is the command's, in `commands/mount.rs`; this module never
@@ -14,12 +14,12 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use fuser::{Config, MountOption, SessionACL};
 
 use super::CheckpointFs;
-use super::fuse::FuseAdapter;
+use super::fuse::{FuseAdapter, SessionCache};
 
 /// How to mount.
 #[derive(Debug, Clone)]
@@ -61,6 +61,9 @@ pub fn mount(fs: Arc<CheckpointFs>, options: &MountOptions) -> io::Result<Sessio
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::DefaultPermissions,
+        // Checkpoints never change and staging/ is not archived with access times: a
+        // read that invalidated the cached atime would cost a GETATTR at the next stat.
+        MountOption::NoAtime,
     ];
     if options.read_only {
         config.mount_options.push(MountOption::RO);
@@ -72,11 +75,67 @@ pub fn mount(fs: Arc<CheckpointFs>, options: &MountOptions) -> io::Result<Sessio
     };
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
-    let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(fs, Arc::clone(&notifier));
+    let adapter = FuseAdapter::new(Arc::clone(&fs));
     let session = fuser::Session::new(adapter, &options.mountpoint, &config)?;
-    let _ = notifier.set(session.notifier());
+    fs.attach_kernel(Arc::new(SessionCache(session.notifier())));
+    widen_readahead(&options.mountpoint);
     Ok(Session { session })
+}
+
+/// The kernel reads ahead 128 KiB at a time in a FUSE file unless told otherwise
+/// (the init reply can only lower it): raise it to the largest read request, 1 MiB,
+/// so that a large file is read in eight times fewer requests. Only root may; others
+/// keep the kernel's default.
+fn widen_readahead(mountpoint: &Path) {
+    let Some(device) = mount_device(mountpoint) else {
+        return;
+    };
+    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, "1024") {
+        tracing::debug!(knob, error = %e, "cannot widen the kernel's read-ahead");
+    }
+}
+
+/// `MAJOR:MINOR` of the filesystem mounted on `mountpoint`, from
+/// `/proc/self/mountinfo` (a `stat` of the mount point would ask the session, which
+/// does not serve requests yet).
+fn mount_device(mountpoint: &Path) -> Option<String> {
+    let wanted = std::fs::canonicalize(mountpoint).ok()?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // The last mount on that point is ours: fields 3 and 5 are the device and the
+    // mount point (with spaces and the like octal-escaped).
+    mountinfo.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (device, point) = (fields.get(2)?, fields.get(4)?);
+        (unescape_mountinfo(point) == wanted.as_os_str().as_encoded_bytes())
+            .then(|| device.to_string())
+    })
+}
+
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(digits)) => {
+                out.push(
+                    digits
+                        .iter()
+                        .fold(0u8, |n, d| n.wrapping_mul(8) + (d - b'0')),
+                );
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 impl Session {

@@ -2,8 +2,13 @@
 //! per checkpoint), `by-time/`, `latest`, `commit/`, and `.status`.
 //!
 //! Nothing here downloads: everything is answered from the current listing snapshot
-//! and the sealer's records. `.status` is rendered when it is opened (its size for
-//! `stat` too), without holding any lock that other operations wait on.
+//! and the sealer's records. `.status` is rendered when it is opened, without holding
+//! any lock that other operations wait on. Where the kernel opens files by itself,
+//! no open reaches the daemon: `.status` is rendered when it is looked up instead (its
+//! name is never cached, so each path walk to it looks it up), and reads and `stat`s
+//! get that render until the next lookup. A reader's last `stat`, made at the end to
+//! see whether the file grew, thus finds the size it read. The kernel keeps a file's
+//! cached pages until its size changes, so no render is as long as the one before.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +21,7 @@ use super::listing::{Catalog, Listing, Slot};
 use super::loader::Loader;
 use super::metrics::Latencies;
 use super::sealer::Sealer;
-use super::{Attr, DirEntry, Entry, FileKind, FsError, Opened, StagingTree, Subtree};
+use super::{Attr, DirEntry, Entry, FileKind, FsError, NO_HANDLE, Opened, StagingTree, Subtree};
 use crate::cache::Cache;
 
 /// Names in the root and `by-time/` follow the listing: cached for a second, so that
@@ -40,6 +45,9 @@ pub struct Views {
     latencies: Arc<Latencies>,
     texts: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
     next_fh: AtomicU64,
+    /// The render of `.status` that reads without a handle get (see the module
+    /// comment).
+    rendered: Mutex<Arc<Vec<u8>>>,
 }
 
 impl Views {
@@ -69,6 +77,7 @@ impl Views {
             latencies,
             texts: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            rendered: Mutex::new(Arc::new(Vec::new())),
         }
     }
 
@@ -112,16 +121,26 @@ impl Views {
         )
     }
 
-    /// Reads `.status` without a handle (a read-only mount answers no opens): each
-    /// read renders it anew.
-    pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        if Inode::decode(ino) != Some(Inode::Status) {
-            return Err(FsError::IsADirectory);
+    /// Renders `.status` for the reads to come; returns its size, never the size of
+    /// the last render, so that the kernel drops the pages it kept of that one.
+    fn render_status(&self) -> u64 {
+        let mut text = self.status_text();
+        let mut last = self.rendered.lock().expect("rendered lock");
+        if text.len() == last.len() {
+            text.push(b'\n');
         }
-        let text = self.status_text();
-        let start = (offset as usize).min(text.len());
-        let end = (start + size as usize).min(text.len());
-        Ok(text[start..end].to_vec())
+        let size = text.len() as u64;
+        *last = Arc::new(text);
+        size
+    }
+
+    /// The size of the last render of `.status` (rendering it if there was none).
+    fn status_size(&self) -> u64 {
+        let size = self.rendered.lock().expect("rendered lock").len();
+        match size {
+            0 => self.render_status(),
+            size => size as u64,
+        }
     }
 
     fn listed(&self, listing: &Listing, slot: usize) -> Result<Arc<Slot>, FsError> {
@@ -155,6 +174,12 @@ impl Subtree for Views {
             // The root's children that are not virtual (checkpoints, staging/).
             Some(Inode::Node { .. }) => self.checkpoints.getattr(ino)?.attr,
             Some(Inode::Staging) => self.staging.attr_of(ino)?,
+            // Rendered at each lookup, as if opened; its name and attributes are
+            // never cached, so each path walk looks it up.
+            Some(Inode::Status) => {
+                self.render_status();
+                return self.getattr(ino);
+            }
             _ => self.getattr(ino)?.attr,
         };
         Ok(Entry::new(attr, ttl))
@@ -185,10 +210,10 @@ impl Subtree for Views {
             }
             Inode::Status => {
                 let time = listing.listed_at.unwrap_or(self.mounted_at);
-                let size = self.status_text().len() as u64;
+                let size = self.status_size();
                 (
                     self.attr(ino, FileKind::File, size, 0o444, 1, time),
-                    LISTING_TTL,
+                    UNCACHED,
                 )
             }
             Inode::ByTimeLink { slot } => {
@@ -297,8 +322,15 @@ impl Subtree for Views {
         })
     }
 
-    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let text = self.texts.lock().expect("texts lock").get(&fh).cloned();
+    fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        if Inode::decode(ino) != Some(Inode::Status) {
+            return Err(FsError::IsADirectory);
+        }
+        let text = if fh == NO_HANDLE {
+            Some(Arc::clone(&self.rendered.lock().expect("rendered lock")))
+        } else {
+            self.texts.lock().expect("texts lock").get(&fh).cloned()
+        };
         let text = text.ok_or(FsError::BadHandle)?;
         let start = (offset as usize).min(text.len());
         let end = (start + size as usize).min(text.len());

@@ -107,9 +107,9 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
 
     let seal = || fs::rename(mount.staged("turn"), mount.committed("turn"));
     // While the upload is retried, the seal shows in `.status` and the workspace's
-    // files cannot be opened for writing; files elsewhere in staging/ can. (Only
-    // operations that take no lock held by the kernel for the rename are tried: it
-    // locks staging/, commit/ and the workspace directory itself until the seal ends.)
+    // files cannot be written; files elsewhere in staging/ can. (Only operations that
+    // take no lock held by the kernel for the rename are tried: it locks staging/,
+    // commit/ and the workspace directory itself until the seal ends.)
     write_file(&mount.staged("other/notes.txt"), b"elsewhere\n", 0o644);
     let (result, tried_during_seal) = std::thread::scope(|s| {
         let sealer = s.spawn(seal);
@@ -118,7 +118,8 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
             if !tried && mount.status_text().contains("# seal in progress: turn\n") {
                 let writer = OpenOptions::new()
                     .write(true)
-                    .open(mount.staged("turn/README"));
+                    .open(mount.staged("turn/README"))
+                    .and_then(|mut f| f.write_all(b"written during a seal\n"));
                 let elsewhere = OpenOptions::new()
                     .append(true)
                     .open(mount.staged("other/notes.txt"))
@@ -126,7 +127,7 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
                 if mount.status_text().contains("# seal in progress: turn\n") {
                     tried = true;
                     assert_errno(
-                        "opening a file of a workspace being sealed for writing",
+                        "writing to a file of a workspace being sealed",
                         writer,
                         libc::EBUSY,
                     );

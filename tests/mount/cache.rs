@@ -189,7 +189,36 @@ pub(super) fn eviction_keeps_the_cache_under_its_bound(store: &TestStore) {
         assert_eq!(status.downloads, round as u64 + 1, "{}", status.text);
     }
 
-    // A checkpoint with an open file is not evicted, and the open file keeps reading.
+    // The kernel opens files by itself, so nothing tells the daemon that a file is
+    // open: its checkpoint may be evicted, and is loaded again for the next read.
+    let open = fs::File::open(mount.join(&shas[1]).join("blob.bin")).unwrap();
+    let mut first = vec![0u8; 1000];
+    std::io::Read::read_exact(&mut &open, &mut first).unwrap();
+    for i in [2usize, 0] {
+        let blob = fs::read(mount.join(&shas[i]).join("blob.bin")).unwrap();
+        assert!(blob == random_bytes(BLOB, 1000 + i as u64));
+    }
+    assert!(!cached_checkpoints(&cache).contains(&shas[1]));
+    // The pages the kernel kept are dropped, so that the rest is read from the store.
+    drop_cached_pages(&open);
+    let downloads = mount.status().downloads;
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut &open, &mut rest).unwrap();
+    first.extend(rest);
+    assert!(
+        first == random_bytes(BLOB, 1001),
+        "reading a file whose checkpoint was evicted"
+    );
+    assert_eq!(mount.status().downloads, downloads + 1, "loaded again");
+    drop(open);
+    drop(mount);
+
+    // With --passthrough, files are opened through the daemon, which keeps a
+    // checkpoint with an open file from eviction.
+    let mount = Mount::new(store)
+        .cache_dir(&cache)
+        .args(["--cache-size", "1MiB", "--passthrough"])
+        .start();
     let open = fs::File::open(mount.join(&shas[1]).join("blob.bin")).unwrap();
     for i in [2usize, 0] {
         let blob = fs::read(mount.join(&shas[i]).join("blob.bin")).unwrap();
@@ -197,7 +226,7 @@ pub(super) fn eviction_keeps_the_cache_under_its_bound(store: &TestStore) {
         let cached = cached_checkpoints(&cache);
         assert!(
             cached.contains(&shas[1]),
-            "a checkpoint with an open file was evicted: {cached:?}"
+            "a checkpoint with a file open through the daemon was evicted: {cached:?}"
         );
     }
     let mut data = Vec::new();
@@ -216,6 +245,14 @@ pub(super) fn eviction_keeps_the_cache_under_its_bound(store: &TestStore) {
         [shas[2].as_str()],
         "after the pinned file was closed"
     );
+}
+
+/// Drops the pages the kernel keeps of `file` (as memory pressure would).
+fn drop_cached_pages(file: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the advice only drops clean cached pages.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
 }
 
 /// A checkpoint larger than the whole cache bound is still served (and does not

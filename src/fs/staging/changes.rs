@@ -7,20 +7,15 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 
-use super::{Caller, Handle, Loc, OMIT, SetAttr, StagingTree, open_checked, os, timespec};
+use super::{
+    Caller, Loc, OMIT, STAGING_BIT, SetAttr, StagingTree, open_checked, os, proc_path, timespec,
+};
 use crate::beneath;
 use crate::fs::inode;
-use crate::fs::{Attr, CopySource, FsError, Opened};
-
-/// The most one `copy_file_range` request copies. Its reply could count up to 4 GiB,
-/// but a request holds off a seal's freeze (and with it every change waiting behind
-/// the freeze) while it runs; the kernel and `cp` ask again for the rest.
-const MAX_COPY: u64 = 64 << 20;
+use crate::fs::{Attr, FsError, Opened};
 
 impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {
@@ -31,16 +26,13 @@ impl StagingTree {
         let _changing = self.changing();
         self.check_not_frozen(ino)?;
         let loc = self.loc(ino)?;
-        let open_file = |handle: &Arc<Handle>| handle.file.try_clone().map_err(FsError::Os);
         if let Some(mode) = set.mode {
             // On the entry itself: a symlink's own mode cannot change (EOPNOTSUPP),
             // and what it points to is never touched.
             let mode = mode & 0o7777;
             match &loc {
-                Loc::Dir(fd) => beneath::chmod_opened(&**fd, mode),
+                Loc::Dir(fd) | Loc::Orphan(fd) => beneath::chmod_opened(&**fd, mode),
                 Loc::At(dir, name) => beneath::chmod_at(&**dir, OsStr::from_bytes(name), mode),
-                Loc::Open(handle) => rfs::fchmod(&handle.file, Mode::from_raw_mode(mode))
-                    .map_err(std::io::Error::from),
             }
             .map_err(FsError::Os)?;
         }
@@ -48,7 +40,7 @@ impl StagingTree {
             let uid = set.uid.map(rustix::process::Uid::from_raw);
             let gid = set.gid.map(rustix::process::Gid::from_raw);
             match &loc {
-                Loc::Dir(fd) => rfs::chownat(
+                Loc::Dir(fd) | Loc::Orphan(fd) => rfs::chownat(
                     &**fd,
                     "",
                     uid,
@@ -62,22 +54,19 @@ impl StagingTree {
                     gid,
                     AtFlags::SYMLINK_NOFOLLOW,
                 ),
-                Loc::Open(handle) => rfs::fchown(open_file(handle)?, uid, gid),
             }
             .map_err(os)?;
         }
         if let Some(size) = set.size {
-            let file = match (set.fh.and_then(|fh| self.handle(fh)), &loc) {
-                (Some(handle), _) => open_file(&handle)?,
-                (None, Loc::Open(handle)) => open_file(handle)?,
-                (None, Loc::At(dir, name)) => open_checked(
-                    &**dir,
-                    OsStr::from_bytes(name),
-                    OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                )?
-                .into(),
-                (None, Loc::Dir(_)) => return Err(FsError::IsADirectory),
-            };
+            let flags = OFlags::WRONLY | OFlags::CLOEXEC;
+            let file: File = match &loc {
+                Loc::At(dir, name) => {
+                    open_checked(&**dir, OsStr::from_bytes(name), flags | OFlags::NOFOLLOW)?
+                }
+                Loc::Orphan(fd) => open_checked(rfs::CWD, proc_path(&**fd).as_os_str(), flags)?,
+                Loc::Dir(_) => return Err(FsError::IsADirectory),
+            }
+            .into();
             file.set_len(size).map_err(FsError::Os)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
@@ -86,7 +75,7 @@ impl StagingTree {
                 last_modification: set.mtime.map_or(OMIT, timespec),
             };
             match &loc {
-                Loc::Dir(fd) => rfs::utimensat(
+                Loc::Dir(fd) | Loc::Orphan(fd) => rfs::utimensat(
                     &**fd,
                     "",
                     &times,
@@ -98,7 +87,6 @@ impl StagingTree {
                     &times,
                     AtFlags::SYMLINK_NOFOLLOW,
                 ),
-                Loc::Open(handle) => rfs::futimens(open_file(handle)?, &times),
             }
             .map_err(os)?;
         }
@@ -254,7 +242,8 @@ impl StagingTree {
                 return Err(FsError::Exists);
             }
             Loc::Dir(_) => return Err(FsError::NotPermitted("hard links to directories")),
-            Loc::Open(_) => return Err(FsError::Stale),
+            // As link(2) answers for a file with no name left.
+            Loc::Orphan(_) => return Err(FsError::NotFound),
         }
         .map_err(os)?;
         self.lookup_attr(new_parent, new_name)
@@ -262,20 +251,19 @@ impl StagingTree {
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
         let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        let fd = self.fd(parent)?;
-        let victim = self.child_ino(&fd, name);
+        let (fd, victim) = self.child_not_frozen(parent, name)?;
+        let keeper = victim.and_then(|v| self.keeper(&fd, name, parent, &v));
         rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)?;
         if let Some(victim) = victim {
-            self.renamed(victim, (parent, name), None);
+            let ino = self.fuse_ino(victim.st_ino);
+            self.renamed(ino, (parent, name), None, keeper);
         }
         Ok(())
     }
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
         let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        let fd = self.fd(parent)?;
+        let (fd, _) = self.child_not_frozen(parent, name)?;
         rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)
     }
 
@@ -288,12 +276,17 @@ impl StagingTree {
         flags: u32,
     ) -> Result<(), FsError> {
         let _changing = self.changing();
-        self.check_child_not_frozen(parent, name)?;
-        self.check_child_not_frozen(new_parent, new_name)?;
-        let from = self.fd(parent)?;
-        let to = self.fd(new_parent)?;
-        let moved = self.child_ino(&from, name);
-        let replaced = self.child_ino(&to, new_name);
+        let (from, moved) = self.child_not_frozen(parent, name)?;
+        let (to, replaced) = self.child_not_frozen(new_parent, new_name)?;
+        let ino = |stat: &Option<rfs::Stat>| stat.as_ref().map(|s| self.fuse_ino(s.st_ino));
+        let (moved_ino, replaced_ino) = (ino(&moved), ino(&replaced));
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let keeper = match &replaced {
+            Some(stat) if !exchange && replaced_ino != moved_ino => {
+                self.keeper(&to, new_name, new_parent, stat)
+            }
+            _ => None,
+        };
         rfs::renameat_with(
             &*from,
             OsStr::from_bytes(name),
@@ -302,20 +295,23 @@ impl StagingTree {
             rfs::RenameFlags::from_bits_retain(flags),
         )
         .map_err(os)?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        if let Some(replaced) = replaced
-            && Some(replaced) != moved
+        if let Some(replaced) = replaced_ino
+            && Some(replaced) != moved_ino
         {
             let back = exchange.then_some((parent, name));
-            self.renamed(replaced, (new_parent, new_name), back);
+            self.renamed(replaced, (new_parent, new_name), back, keeper);
         }
-        if let Some(moved) = moved {
-            self.renamed(moved, (parent, name), Some((new_parent, new_name)));
+        if let Some(moved) = moved_ino {
+            self.renamed(moved, (parent, name), Some((new_parent, new_name)), None);
         }
         Ok(())
     }
 
-    /// Creates and opens a file.
+    /// Creates and opens a file. The descriptor is kept for the writes that follow
+    /// (reads and writes come by inode, see `files.rs`); the handle is only a mark.
+    /// Writes through it bypass the kernel's page cache: the file is being written,
+    /// and a copy in the page cache as well as on disk would cost twice the memory
+    /// and twice the copying (other opens, made by the kernel, read through the cache).
     pub fn create(
         &self,
         parent: u64,
@@ -326,91 +322,40 @@ impl StagingTree {
     ) -> Result<(Attr, Opened), FsError> {
         let _changing = self.changing();
         let parent_fd = self.fd(parent)?;
-        // As in `open`: checked and registered under the locks `freeze` takes.
-        let mut handles = self.handles.lock().expect("handles lock");
         self.check_not_frozen(parent)?;
         let os_name = OsStr::from_bytes(name);
-        let flags = OFlags::from_bits_retain(flags as u32) | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let asked = OFlags::from_bits_retain(flags as u32);
+        // The descriptor kept serves every later read and write, at the offsets the
+        // kernel gives: never in append or direct mode, whatever the caller asked.
+        let base = OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let created = rfs::openat(
             &*parent_fd,
             os_name,
-            flags | OFlags::CREATE | OFlags::EXCL,
+            base | OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
             Mode::from_raw_mode(mode & 0o7777),
         );
-        let file: File = match created {
+        let (file, access): (File, OFlags) = match created {
             Ok(fd) => {
                 // Only what this call created gets the caller's ids and mode.
                 self.give_to(&parent_fd, os_name, Some(&fd), Some(mode), caller)?;
-                fd
+                (fd.into(), OFlags::RDWR)
             }
             // Another writer made it first; without O_EXCL the caller opens theirs.
-            Err(rustix::io::Errno::EXIST) if !flags.contains(OFlags::EXCL) => {
-                open_checked(&*parent_fd, os_name, flags - OFlags::CREATE)?
+            Err(rustix::io::Errno::EXIST) if !asked.contains(OFlags::EXCL) => {
+                let access = asked & OFlags::RWMODE;
+                let flags = base | access | (asked & OFlags::TRUNC);
+                (open_checked(&*parent_fd, os_name, flags)?.into(), access)
             }
             Err(e) => return Err(os(e)),
-        }
-        .into();
+        };
         let attr = self.lookup_attr(parent, name)?;
-        let opened = self.register_file(&mut handles, file, attr.ino, true)?;
+        self.keep_open(attr.ino, file, access);
+        let opened = Opened {
+            fh: STAGING_BIT,
+            backing: None,
+            keep_cache: true,
+            direct_io: true,
+        };
         Ok((attr, opened))
-    }
-
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
-        let _changing = self.changing();
-        let handle = self.handle(fh);
-        let Some(Handle { file, ino, .. }) = handle.as_deref() else {
-            return Err(FsError::BadHandle);
-        };
-        self.check_not_frozen(*ino)?;
-        file.write_all_at(data, offset).map_err(FsError::Os)?;
-        Ok(data.len() as u32)
-    }
-
-    /// Writes up to `len` bytes of `source` from `source_offset` into the staged file
-    /// `fh` at `offset`, copied by the kernel between the two files on disk. Like a
-    /// write, refused while the file's workspace is frozen for a seal. The count fits
-    /// the reply (`u32`); the caller asks again for the rest.
-    pub fn copy_into(
-        &self,
-        fh: u64,
-        offset: u64,
-        source: &CopySource,
-        source_offset: u64,
-        len: u64,
-    ) -> Result<u32, FsError> {
-        let _changing = self.changing();
-        let handle = self.handle(fh);
-        let Some(Handle { file, ino, .. }) = handle.as_deref() else {
-            return Err(FsError::BadHandle);
-        };
-        self.check_not_frozen(*ino)?;
-        // Never past the source's own bytes: a packed file is a range of the pack.
-        let mut remaining = len
-            .min(source.size.saturating_sub(source_offset))
-            .min(MAX_COPY);
-        let mut from = source.start.saturating_add(source_offset);
-        let mut to = offset;
-        let mut copied = 0u64;
-        while remaining > 0 {
-            let n = match rustix::fs::copy_file_range(
-                &source.file,
-                Some(&mut from),
-                file,
-                Some(&mut to),
-                remaining as usize,
-            ) {
-                Ok(n) => n as u64,
-                // What was copied is in the file: say so, and let the next request
-                // meet the error (a full disk, a file too large).
-                Err(_) if copied > 0 => break,
-                Err(e) => return Err(os(e)),
-            };
-            if n == 0 {
-                break; // the end of the source file
-            }
-            copied += n;
-            remaining -= n;
-        }
-        Ok(copied as u32)
     }
 }

@@ -1,13 +1,12 @@
 //! Freezing a workspace for a seal, and deleting it once sealed.
 
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs as rfs;
 
-use super::{Handle, StagingTree, os};
+use super::{StagingTree, os};
 use crate::beneath;
 use crate::fs::FsError;
 
@@ -20,9 +19,10 @@ pub struct Frozen {
 }
 
 impl StagingTree {
-    /// Freezes the workspace `name` for sealing: fails if it is not a directory or if
-    /// any of its files is open for writing. Holds the gate for writing throughout, so
-    /// that the set of frozen inodes is the whole workspace at one instant.
+    /// Freezes the workspace `name` for sealing: fails if it is not a directory, or is
+    /// frozen already. Holds the gate for writing throughout, so that the set of frozen
+    /// inodes is the whole workspace at one instant, and every write that began before
+    /// has ended (writes come by inode and hold the gate: see `files.rs`).
     pub fn freeze(&self, name: &[u8]) -> Result<Frozen, FsError> {
         let _gate = self.gate.write().expect("staging gate");
         let dir =
@@ -34,13 +34,8 @@ impl StagingTree {
             })?;
         let mut inodes = Vec::new();
         for_each_inode(&dir, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
-        let handles = self.handles.lock().expect("handles lock");
         let mut frozen = self.frozen.lock().expect("frozen lock");
-        let set: HashSet<u64> = inodes.iter().copied().collect();
-        let busy = handles
-            .values()
-            .any(|h| matches!(**h, Handle { ino, writable: true, .. } if set.contains(&ino)));
-        if busy || inodes.iter().any(|i| frozen.contains(i)) {
+        if inodes.iter().any(|i| frozen.contains(i)) {
             return Err(FsError::Busy);
         }
         frozen.extend(inodes.iter().copied());
@@ -74,6 +69,11 @@ impl StagingTree {
             }
             beneath::remove_at(&*self.root_fd, name)
         })();
+        if result.is_ok() {
+            for ino in &frozen.inodes {
+                self.files.forget(*ino);
+            }
+        }
         self.thaw(frozen);
         result
     }

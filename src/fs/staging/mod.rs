@@ -1,18 +1,21 @@
 //! `staging/`: a writable POSIX tree backed by a directory on local disk.
 //!
-//! Every inode the kernel knows is held as an `O_PATH` descriptor of the backing file,
-//! and every operation is a `*at()` call relative to such descriptors, the way
-//! libfuse's passthrough filesystems work: renames, hard links and deletions are
-//! handled by the backing filesystem, and no path bookkeeping can go stale. FUSE
-//! inode numbers are the backing inode numbers with [`STAGING_BIT`] set.
+//! Every directory the kernel knows is held as an `O_PATH` descriptor, other files as
+//! names in those, and every operation is a `*at()` call relative to such
+//! descriptors, the way libfuse's passthrough filesystems work: renames, hard links
+//! and deletions are handled by the backing filesystem. FUSE inode numbers are the
+//! backing inode numbers with [`STAGING_BIT`] set. Reads and writes come by inode,
+//! since the kernel opens files without asking the daemon (see `files.rs`).
 //!
 //! While a workspace is being sealed, its inodes are *frozen*: any change to them, or
-//! inside them, fails with `EBUSY`, so that the archive is a consistent snapshot. A
-//! seal only starts when none of them is open for writing. The freeze is atomic with
-//! respect to every change: each changing operation holds the read side of `gate`
-//! from its frozen check to the end of its system call, and [`StagingTree::freeze`]
-//! holds the write side while it walks the workspace and marks it, so no `mkdir`,
-//! `rename`, `link` or `create` can slip a new inode in during the walk.
+//! inside them, writes included, fails with `EBUSY`, so that the archive is a
+//! consistent snapshot. The freeze is atomic with respect to every change: each
+//! changing operation holds the read side of `gate` from its frozen check to the end
+//! of its system call, and [`StagingTree::freeze`] holds the write side while it walks
+//! the workspace and marks it, so no `mkdir`, `rename`, `link`, `create` or write can
+//! slip in during the walk. Files open for writing do not hold a seal off (the daemon
+//! does not see opens): what was written before the seal is sealed, and a write after
+//! it finds the workspace gone (`ESTALE`).
 //!
 //! The tree is written by an untrusted party (the sandboxed agent, any uid with
 //! `--allow-other`). Nothing here follows a symlink of the backing tree: names are
@@ -29,18 +32,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec};
 
 mod changes;
+mod files;
 mod freeze;
 
 pub use freeze::Frozen;
@@ -48,9 +50,11 @@ pub use freeze::Frozen;
 use super::inode;
 use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
 
-/// Attributes of staged entries change behind the kernel's back only through this
-/// mount: cached for a second.
-const ATTR_TTL: Duration = Duration::from_secs(1);
+/// Staged entries change only through this mount, and the kernel drops what each
+/// change makes stale (it learns the new attributes from the reply, and drops the
+/// names a rename or an unlink replaced): names and attributes are cached for an hour,
+/// so that a second pass over a workspace asks the daemon nothing.
+pub const STAGED_TTL: Duration = Duration::from_secs(3600);
 
 /// Set in every FUSE inode number and file handle that belongs to staging.
 pub const STAGING_BIT: u64 = inode::STAGED_BIT;
@@ -93,9 +97,12 @@ struct Known {
 enum Place {
     Dir(Arc<OwnedFd>),
     /// The names (directory inode, name) the file is known by; kept up to date by
-    /// rename, link and unlink, which all go through this tree. Empty once every
-    /// name was unlinked: the file is then reachable only through an open handle.
+    /// rename, link and unlink, which all go through this tree.
     Links(Vec<(u64, Vec<u8>)>),
+    /// A regular file whose last name was removed while the kernel still knew it (a
+    /// process may hold it open and go on reading and writing, as POSIX allows): an
+    /// `O_PATH` descriptor keeps it, until the kernel forgets the inode.
+    Orphan(Arc<OwnedFd>),
 }
 
 /// How a system call reaches an inode.
@@ -104,25 +111,18 @@ enum Loc {
     Dir(Arc<OwnedFd>),
     /// A name in a directory.
     At(Arc<OwnedFd>, Vec<u8>),
-    /// An unlinked file, through one of its open handles.
-    Open(Arc<Handle>),
-}
-
-/// An open file.
-struct Handle {
-    file: File,
-    ino: u64,
-    writable: bool,
+    /// An unlinked file, through the descriptor that keeps it.
+    Orphan(Arc<OwnedFd>),
 }
 
 pub struct StagingTree {
     root_fd: Arc<OwnedFd>,
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Files opened for reads and writes, which come by inode (see `files.rs`).
+    files: files::OpenFiles,
     /// Directory listings being read, by directory.
     listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
-    next_fh: AtomicU64,
     /// Held for reading by every change from its frozen check to its end, and for
     /// writing by a freeze: see the module comment.
     gate: RwLock<()>,
@@ -237,9 +237,8 @@ impl StagingTree {
             root_fd: Arc::new(root_fd),
             root_ino,
             known: Mutex::new(HashMap::new()),
-            handles: Mutex::new(HashMap::new()),
+            files: files::OpenFiles::default(),
             listings: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
             gate: RwLock::new(()),
             frozen: Mutex::new(HashSet::new()),
             can_chown: rustix::process::geteuid().is_root(),
@@ -279,6 +278,10 @@ impl StagingTree {
                 ..
             }) => return Ok(Loc::Dir(Arc::clone(fd))),
             Some(Known {
+                place: Place::Orphan(fd),
+                ..
+            }) => return Ok(Loc::Orphan(Arc::clone(fd))),
+            Some(Known {
                 place: Place::Links(links),
                 ..
             }) => links.clone(),
@@ -293,21 +296,15 @@ impl StagingTree {
                 return Ok(Loc::At(dir, name));
             }
         }
-        let handles = self.handles.lock().expect("handles lock");
-        handles
-            .values()
-            .find(|h| matches!(***h, Handle { ino: i, .. } if i == ino))
-            .map(|h| Loc::Open(Arc::clone(h)))
-            .ok_or(FsError::Stale)
+        Err(FsError::Stale)
     }
 
     fn stat(&self, loc: &Loc) -> Result<rfs::Stat, FsError> {
         match loc {
-            Loc::Dir(fd) => rfs::fstat(&**fd),
+            Loc::Dir(fd) | Loc::Orphan(fd) => rfs::fstat(&**fd),
             Loc::At(dir, name) => {
                 rfs::statat(&**dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
             }
-            Loc::Open(handle) => rfs::fstat(&handle.file),
         }
         .map_err(os)
     }
@@ -328,8 +325,8 @@ impl StagingTree {
                 }
             }
             None => {
-                if matches!(entry.place, Place::Dir(_)) {
-                    // The backing inode number now belongs to another kind of file.
+                if !matches!(entry.place, Place::Links(_)) {
+                    // The backing inode number now belongs to another file.
                     entry.place = Place::Links(Vec::new());
                 }
                 if let Place::Links(links) = &mut entry.place
@@ -341,17 +338,26 @@ impl StagingTree {
         }
     }
 
-    /// Keeps the names of known files right after `parent/name` changed.
-    fn renamed(&self, ino: u64, from: (u64, &[u8]), to: Option<(u64, &[u8])>) {
+    /// Keeps the names of known files right after `parent/name` changed. A file left
+    /// with no known name becomes an orphan held by `keeper` (see `files.rs`).
+    fn renamed(
+        &self,
+        ino: u64,
+        from: (u64, &[u8]),
+        to: Option<(u64, &[u8])>,
+        keeper: Option<OwnedFd>,
+    ) {
         let mut known = self.known.lock().expect("staging lock");
-        if let Some(Known {
-            place: Place::Links(links),
-            ..
-        }) = known.get_mut(&ino)
-        {
+        let Some(entry) = known.get_mut(&ino) else {
+            return;
+        };
+        if let Place::Links(links) = &mut entry.place {
             links.retain(|(p, n)| !(*p == from.0 && n == from.1));
             if let Some((parent, name)) = to {
                 links.push((parent, name.to_vec()));
+            }
+            if let (true, Some(fd)) = (links.is_empty(), keeper) {
+                entry.place = Place::Orphan(Arc::new(fd));
             }
         }
     }
@@ -400,14 +406,20 @@ impl StagingTree {
         Ok(())
     }
 
-    /// Refuses changes to `parent/name` or to `parent` while either is being sealed.
-    fn check_child_not_frozen(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+    /// Refuses changes to `parent/name` or to `parent` while either is being sealed;
+    /// returns `parent`'s descriptor and what `name` is in it now, if anything.
+    fn child_not_frozen(
+        &self,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<(Arc<OwnedFd>, Option<rfs::Stat>), FsError> {
         self.check_not_frozen(parent)?;
         let fd = self.fd(parent)?;
-        if let Ok(stat) = rfs::statat(&*fd, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW) {
+        let stat = rfs::statat(&*fd, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW).ok();
+        if let Some(stat) = &stat {
             self.check_not_frozen(self.fuse_ino(stat.st_ino))?;
         }
-        Ok(())
+        Ok((fd, stat))
     }
 
     /// Registers one more kernel reference to `parent/name` and returns its attributes.
@@ -442,6 +454,8 @@ impl StagingTree {
             k.lookups = k.lookups.saturating_sub(count);
             if k.lookups == 0 {
                 known.remove(&ino);
+                drop(known);
+                self.files.forget(ino);
             }
         }
     }
@@ -454,105 +468,27 @@ impl StagingTree {
         Ok(attr)
     }
 
-    /// Keeps `file` as a new handle; returns it with a second descriptor of the file,
-    /// for use as a passthrough backing file.
-    fn register_file(
-        &self,
-        handles: &mut HashMap<u64, Arc<Handle>>,
-        file: File,
-        ino: u64,
-        writable: bool,
-    ) -> Result<Opened, FsError> {
-        // Served here, never by passthrough: a passthrough file mapped with mmap is
-        // the backing file's, so closing it would release the handle while the mapping
-        // can still write, behind a seal's freeze. (And the kernel wants every open of
-        // an inode to be passthrough once one is, so readers cannot use it either.)
-        // Served through the page cache, a mapping keeps the file open here until it
-        // is unmapped, and its writes come through `write`, which the freeze checks.
-        let fh = STAGING_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let handle = Handle {
-            file,
-            ino,
-            writable,
-        };
-        handles.insert(fh, Arc::new(handle));
-        Ok(Opened {
-            fh,
-            backing: None,
-            keep_cache: false,
-            direct_io: false,
-        })
-    }
-
-    /// The entry for `attr`, found or made in directory `parent`: attributes are
-    /// cached for a second, and so are names, but for the top-level names of
+    /// The entry for `attr`, found or made in directory `parent`: names and
+    /// attributes are cached ([`STAGED_TTL`]), but for the top-level names of
     /// `staging/`, which are never cached (a seal turns `commit/NAME` from a directory
     /// into a symlink under the kernel's feet). Their attributes are: the kernel then
     /// checks the name again on each path walk through it, but not the attributes too.
     pub fn entry_in(&self, parent: u64, attr: Attr) -> Entry {
-        let name_ttl = if parent == inode::STAGING {
-            Duration::ZERO
-        } else {
-            ATTR_TTL
-        };
         Entry {
             attr,
-            ttl: ATTR_TTL,
-            name_ttl,
+            ttl: STAGED_TTL,
+            name_ttl: self.negative_ttl(parent),
         }
     }
 
-    /// Opens a file; the handle keeps the open file, and a second descriptor of it
-    /// goes to the kernel as a passthrough backing file.
-    fn open_file(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        // Writers hold the gate from the frozen check to their registration: a freeze
-        // cannot start in between and miss them.
-        let _changing = writable.then(|| self.changing());
-        if writable {
-            self.check_not_frozen(ino)?;
+    /// How long the kernel may keep the names of directory `parent`, also the absence
+    /// of one (see [`Self::entry_in`]).
+    pub fn negative_ttl(&self, parent: u64) -> Duration {
+        if parent == inode::STAGING {
+            Duration::ZERO
+        } else {
+            STAGED_TTL
         }
-        let loc = self.loc(ino)?;
-        let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NOFOLLOW);
-        let flags = OFlags::from_bits_retain(keep as u32) | OFlags::CLOEXEC;
-        let fd = match &loc {
-            Loc::At(dir, name) => {
-                open_checked(&**dir, OsStr::from_bytes(name), flags | OFlags::NOFOLLOW)
-            }
-            // The /proc link names the very inode held, whatever its path now.
-            Loc::Dir(fd) => open_checked(rfs::CWD, proc_path(&**fd).as_os_str(), flags),
-            Loc::Open(handle) => open_checked(rfs::CWD, proc_path(&handle.file).as_os_str(), flags),
-        }?;
-        // What was opened must be the inode asked for: a name renamed over between the
-        // lookup and the open is refused, not served in its place.
-        if self.fuse_ino(rfs::fstat(&fd).map_err(os)?.st_ino) != ino {
-            return Err(FsError::Stale);
-        }
-        let mut handles = self.handles.lock().expect("handles lock");
-        self.register_file(&mut handles, fd.into(), ino, writable)
-    }
-
-    fn handle(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.handles.lock().expect("handles lock").get(&fh).cloned()
-    }
-
-    fn read_handle(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let handle = self.handle(fh);
-        let Some(Handle { file, .. }) = handle.as_deref() else {
-            return Err(FsError::BadHandle);
-        };
-        crate::cache::read_at(file, offset, size as usize).map_err(FsError::Os)
-    }
-
-    pub fn fsync(&self, fh: u64) -> Result<(), FsError> {
-        if let Some(Handle { file, .. }) = self.handle(fh).as_deref() {
-            file.sync_all().map_err(FsError::Os)?;
-        }
-        Ok(())
-    }
-
-    fn release_handle(&self, fh: u64) {
-        self.handles.lock().expect("handles lock").remove(&fh);
     }
 
     /// Lists directory `ino` from `offset`. The kernel opens directories without
@@ -649,7 +585,7 @@ impl Subtree for StagingTree {
     }
 
     fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
-        Ok(Entry::new(self.attr_of(ino)?, ATTR_TTL))
+        Ok(Entry::new(self.attr_of(ino)?, STAGED_TTL))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
@@ -674,30 +610,29 @@ impl Subtree for StagingTree {
         self.list(ino, offset, add)
     }
 
+    /// Asked only where the kernel sends opens (see `fuse.rs`): reads and writes come
+    /// by inode either way, so the handle is only a mark of staging's.
     fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
-        self.open_file(ino, flags)
-    }
-
-    fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        self.read_handle(fh, offset, size)
-    }
-
-    fn copy_source(&self, fh: u64) -> Result<CopySource, FsError> {
-        let handle = self.handle(fh);
-        let Some(Handle { file, .. }) = handle.as_deref() else {
-            return Err(FsError::BadHandle);
-        };
-        Ok(CopySource {
-            file: file.try_clone().map_err(FsError::Os)?,
-            start: 0,
-            size: u64::MAX,
-            from: None,
+        // Holds the gate so that the frozen check stands while the file is opened.
+        let _changing = self.changing();
+        self.check_open(ino, flags)?;
+        Ok(Opened {
+            fh: STAGING_BIT,
+            backing: None,
+            keep_cache: true,
+            direct_io: false,
         })
     }
 
-    fn release(&self, fh: u64) {
-        self.release_handle(fh)
+    fn read(&self, ino: u64, _fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        self.read_file(ino, offset, size)
     }
+
+    fn copy_source(&self, ino: u64, _fh: u64) -> Result<CopySource, FsError> {
+        self.copy_source_of(ino)
+    }
+
+    fn release(&self, _fh: u64) {}
 
     fn refusal(&self, _ino: u64) -> FsError {
         unreachable!("staging takes changes; the router never asks it to refuse one")

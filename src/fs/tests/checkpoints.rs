@@ -155,7 +155,7 @@ fn hard_links_share_one_inode_and_count_their_names() {
 }
 
 #[test]
-fn a_read_only_mount_reads_files_without_opening_them() {
+fn files_are_read_without_opening_them() {
     let big = vec![9u8; 150_000];
     let (f, ids) = fixture_with(
         &[&[("small", b"tiny"), ("big", &big)]],
@@ -183,10 +183,99 @@ fn a_read_only_mount_reads_files_without_opening_them() {
         f.fs.read(dir, NO_HANDLE, 0, 10).unwrap_err().errno(),
         libc::EISDIR
     );
+    // `.status` is rendered when the kernel asks for its attributes, as it does at
+    // each open (they are never cached).
+    assert_eq!(f.fs.getattr(inode::STATUS).unwrap().ttl, Duration::ZERO);
     let text = f.fs.read(inode::STATUS, NO_HANDLE, 0, 1 << 16).unwrap();
     assert!(
         String::from_utf8(text)
             .unwrap()
             .contains(" from the store\n")
+    );
+}
+
+/// What the core pushed into a kernel's page cache, for tests without a kernel.
+#[derive(Default)]
+struct PushedPages(std::sync::Mutex<Vec<(u64, Vec<u8>)>>);
+
+impl KernelCache for PushedPages {
+    fn store(&self, ino: u64, data: &[u8]) -> io::Result<()> {
+        self.0.lock().unwrap().push((ino, data.to_vec()));
+        Ok(())
+    }
+    fn forget_entry(&self, _parent: u64, _name: &[u8]) {}
+}
+
+impl PushedPages {
+    /// The files pushed so far, once `count` were (or after 10 s), by name; each
+    /// must have been pushed with its contents, `files[name]`.
+    fn names(
+        &self,
+        fs: &CheckpointFs,
+        dir: u64,
+        files: &std::collections::BTreeMap<String, Vec<u8>>,
+        count: usize,
+    ) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.0.lock().unwrap().len() < count && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Give a push beyond the expected count a moment to show up.
+        std::thread::sleep(Duration::from_millis(50));
+        let pushed = self.0.lock().unwrap();
+        pushed
+            .iter()
+            .map(|(ino, data)| {
+                let (name, contents) = files
+                    .iter()
+                    .find(|(n, _)| fs.lookup(dir, n.as_bytes()).unwrap().attr.ino == *ino)
+                    .expect("a pushed inode is a file of the checkpoint");
+                assert!(data == contents, "{name} pushed with its contents");
+                name.clone()
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_reader_going_through_files_in_order_finds_the_next_ones_pushed() {
+    let mut names: std::collections::BTreeMap<String, Vec<u8>> = (0..40)
+        .map(|i| (format!("f{i:02}"), vec![i as u8; 100 + i * 1000]))
+        .collect();
+    names.insert("f09z-huge".into(), vec![1u8; 2 << 20]);
+    let files: Vec<(&str, &[u8])> = names
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_slice()))
+        .collect();
+    let (f, ids) = fixture(&[&files]);
+    let pushed = Arc::new(PushedPages::default());
+    f.fs.attach_kernel(Arc::clone(&pushed) as Arc<dyn KernelCache>);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let ino = |name: &str| f.fs.lookup(dir, name.as_bytes()).unwrap().attr.ino;
+
+    // A first read starts a stream: the next four files are pushed.
+    f.fs.read(ino("f00"), NO_HANDLE, 0, 4096).unwrap();
+    let seen = pushed.names(&f.fs, dir, &names, 4);
+    assert_eq!(seen, ["f01", "f02", "f03", "f04"]);
+    // Reads inside a file push nothing.
+    f.fs.read(ino("f00"), NO_HANDLE, 10, 10).unwrap();
+    // The reader lands where it was expected: the window doubles, beyond the pushed.
+    f.fs.read(ino("f05"), NO_HANDLE, 0, 4096).unwrap();
+    let seen = pushed.names(&f.fs, dir, &names, 12);
+    assert_eq!(
+        seen[4..],
+        ["f06", "f07", "f08", "f09", "f10", "f11", "f12", "f13"]
+    );
+    assert!(
+        !seen.iter().any(|n| n.contains("huge")),
+        "files over 1 MiB are left to the kernel's read-ahead: {seen:?}"
+    );
+    // A jump elsewhere starts a stream of its own, small again.
+    pushed.0.lock().unwrap().clear();
+    f.fs.read(ino("f30"), NO_HANDLE, 0, 4096).unwrap();
+    assert_eq!(
+        pushed.names(&f.fs, dir, &names, 4),
+        ["f31", "f32", "f33", "f34"]
     );
 }

@@ -7,6 +7,7 @@ mod checkpoints;
 mod loader;
 mod reftest;
 mod sealing;
+mod staging;
 mod views;
 
 use std::io::{self, Read};
@@ -132,6 +133,7 @@ pub struct Options {
     pub loaders: usize,
     pub cache_bytes: u64,
     pub read_only: bool,
+    pub passthrough: bool,
 }
 
 impl Default for Options {
@@ -140,6 +142,7 @@ impl Default for Options {
             loaders: 2,
             cache_bytes: 1 << 30,
             read_only: false,
+            passthrough: false,
         }
     }
 }
@@ -214,6 +217,7 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             members: None,
             loaders: options.loaders,
             read_only: options.read_only,
+            passthrough: options.passthrough,
         },
     );
     fs.refresh().unwrap();

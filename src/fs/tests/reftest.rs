@@ -412,18 +412,19 @@ impl Real<'_> {
             }
             Op::Write(p, offset, data) => {
                 let (dir, name) = self.parent(p)?;
-                let opened = match fs.lookup(dir, name.as_bytes()) {
-                    Ok(entry) => fs.open(entry.attr.ino, libc::O_WRONLY).map_err(errno)?,
+                // Writes come by inode: the kernel opens files by itself.
+                let ino = match fs.lookup(dir, name.as_bytes()) {
+                    Ok(entry) => entry.attr.ino,
                     Err(e) if e.errno() == libc::ENOENT => {
-                        fs.create(dir, name.as_bytes(), 0o644, libc::O_WRONLY, CALLER)
-                            .map_err(errno)?
-                            .1
+                        let (entry, opened) = fs
+                            .create(dir, name.as_bytes(), 0o644, libc::O_WRONLY, CALLER)
+                            .map_err(errno)?;
+                        fs.release(opened.fh);
+                        entry.attr.ino
                     }
                     Err(e) => return Err(e.errno()),
                 };
-                let written = fs.write(opened.fh, *offset as u64, data).map_err(errno);
-                fs.release(opened.fh);
-                written.map(drop)
+                fs.write(ino, *offset as u64, data).map(drop).map_err(errno)
             }
             Op::Truncate(p, size) => {
                 let ino = self.resolve(&names_of(p))?;

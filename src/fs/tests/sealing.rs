@@ -29,7 +29,7 @@ fn stage(fs: &CheckpointFs, name: &[u8], contents: &[u8]) -> u64 {
         .create(ws, b"file", 0o644, libc::O_WRONLY, ROOT_CALLER)
         .unwrap();
     assert_eq!(
-        fs.write(opened.fh, 0, contents).unwrap() as usize,
+        fs.write(entry.attr.ino, 0, contents).unwrap() as usize,
         contents.len()
     );
     fs.release(opened.fh);
@@ -111,24 +111,25 @@ fn commit_takes_only_top_level_workspaces_once() {
 }
 
 #[test]
-fn a_file_open_for_writing_makes_the_seal_busy_and_a_frozen_tree_refuses_changes() {
+fn a_frozen_tree_refuses_every_change_and_an_open_writer_does_not_hold_off_a_seal() {
     let (f, _) = fixture(&[]);
     let ws = stage(&f.fs, b"ws", b"x");
     let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
+    // Where the kernel sends opens, an open is only checked: writes come by inode
+    // and the freeze refuses them, so a file open for writing does not stop a seal.
     let writer = f.fs.open(file, libc::O_WRONLY).unwrap();
-    assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EBUSY);
-    f.fs.release(writer.fh);
-    // Frozen by hand, as a seal does: every change inside answers EBUSY, also
-    // through a handle opened before (a writer's would stop the freeze).
-    let open_before = f.fs.open(file, libc::O_RDONLY).unwrap();
     let frozen = f.fs.staging.freeze(b"ws").unwrap();
+    f.fs.release(writer.fh);
+    // Frozen by hand, as a seal does: every change inside answers EBUSY, writes and
+    // copies into a file included.
     let busy = |r: Result<(), FsError>| assert_eq!(r.unwrap_err().errno(), libc::EBUSY);
-    busy(f.fs.write(open_before.fh, 0, b"y").map(drop));
+    busy(f.fs.write(file, 0, b"y").map(drop));
     busy(
-        f.fs.copy_file_range(open_before.fh, 0, open_before.fh, 1, 1)
+        f.fs.copy_file_range((file, NO_HANDLE, 0), (file, 1), 1)
             .map(drop),
     );
-    f.fs.release(open_before.fh);
+    // Reads go on.
+    assert_eq!(f.fs.read(file, NO_HANDLE, 0, 10).unwrap(), b"x");
     busy(f.fs.mkdir(ws, b"d", 0o755, ROOT_CALLER).map(drop));
     busy(f.fs.unlink(ws, b"file"));
     busy(f.fs.open(file, libc::O_WRONLY).map(drop));
@@ -192,11 +193,19 @@ fn new_entries_get_exactly_the_mode_asked_for() {
 fn an_open_refuses_a_name_swapped_under_it() {
     let (f, _) = fixture(&[]);
     let ws = stage(&f.fs, b"ws", b"mine");
-    let file = f.fs.lookup(ws, b"file").unwrap().attr.ino;
     let backing = f.staging_dir.join("ws");
-    std::fs::rename(backing.join("file"), backing.join("moved")).unwrap();
-    let fifo =
-        std::ffi::CString::new(backing.join("file").into_os_string().into_encoded_bytes()).unwrap();
+    // Made on disk, so that no descriptor of it is kept from its creation: the open
+    // goes by name.
+    std::fs::write(backing.join("on-disk"), b"mine").unwrap();
+    let file = f.fs.lookup(ws, b"on-disk").unwrap().attr.ino;
+    std::fs::rename(backing.join("on-disk"), backing.join("moved")).unwrap();
+    let fifo = std::ffi::CString::new(
+        backing
+            .join("on-disk")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
     // SAFETY: the path is NUL-terminated.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
     let (tx, rx) = mpsc::channel();
@@ -210,9 +219,10 @@ fn an_open_refuses_a_name_swapped_under_it() {
         .expect("the open blocked");
     assert!(opened.is_err(), "a FIFO was opened in place of the file");
     // Another regular file in its place is not served either.
-    std::fs::remove_file(backing.join("file")).unwrap();
-    std::fs::write(backing.join("file"), b"someone else's").unwrap();
+    std::fs::remove_file(backing.join("on-disk")).unwrap();
+    std::fs::write(backing.join("on-disk"), b"someone else's").unwrap();
     assert!(f.fs.open(file, libc::O_RDONLY).is_err());
+    assert!(f.fs.read(file, NO_HANDLE, 0, 100).is_err());
 }
 
 /// A hard link outside a sealed workspace keeps working after the workspace's
@@ -237,10 +247,10 @@ fn a_hard_link_outside_a_sealed_workspace_still_reads() {
                 .unwrap()
                 .attr
                 .ino;
-        let (_, opened) =
+        let (created, opened) =
             f.fs.create(dir, b"file", 0o600, libc::O_WRONLY, ROOT_CALLER)
                 .unwrap();
-        f.fs.write(opened.fh, 0, b"someone else's").unwrap();
+        f.fs.write(created.attr.ino, 0, b"someone else's").unwrap();
         f.fs.release(opened.fh);
     }
     assert_eq!(read_all(&f.fs, file), b"shared");

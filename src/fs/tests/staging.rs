@@ -1,0 +1,100 @@
+//! Reads and writes of staged files, which come by inode (the kernel opens files by
+//! itself): files kept open, files whose names went away while a process may still
+//! hold them, and what the kernel's offsets mean.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use super::*;
+
+const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+
+fn workspace(fs: &CheckpointFs, name: &[u8]) -> (u64, std::path::PathBuf) {
+    let ws = fs.mkdir(inode::STAGING, name, 0o755, ROOT_CALLER).unwrap();
+    (
+        ws.attr.ino,
+        std::path::PathBuf::from(OsStr::from_bytes(name)),
+    )
+}
+
+fn size_of(fs: &CheckpointFs, ino: u64) -> u64 {
+    fs.getattr(ino).unwrap().attr.size
+}
+
+/// POSIX lets a process go on using a file after its last name is gone. The daemon
+/// never saw the open (the kernel opened the file by itself), so it keeps any file
+/// the kernel knows whose last known name is removed, until the kernel forgets it.
+#[test]
+fn a_file_whose_name_is_removed_is_still_read_and_written_until_the_kernel_forgets_it() {
+    let (f, _) = fixture(&[]);
+    let (ws, dir) = workspace(&f.fs, b"ws");
+    // Made on disk, so that no descriptor of it is kept from its creation.
+    for name in ["unlinked", "replaced", "other"] {
+        std::fs::write(f.staging_dir.join(&dir).join(name), name).unwrap();
+    }
+    let unlinked = f.fs.lookup(ws, b"unlinked").unwrap().attr.ino;
+    let replaced = f.fs.lookup(ws, b"replaced").unwrap().attr.ino;
+    f.fs.lookup(ws, b"other").unwrap();
+    f.fs.unlink(ws, b"unlinked").unwrap();
+    f.fs.staging
+        .rename(ws, b"other", ws, b"replaced", 0)
+        .unwrap();
+    assert_eq!(
+        f.fs.lookup(ws, b"unlinked").unwrap_err().errno(),
+        libc::ENOENT
+    );
+
+    for (ino, was) in [(unlinked, &b"unlinked"[..]), (replaced, b"replaced")] {
+        assert_eq!(f.fs.read(ino, NO_HANDLE, 0, 100).unwrap(), was);
+        assert_eq!(f.fs.write(ino, was.len() as u64, b"+more").unwrap(), 5);
+        assert_eq!(size_of(&f.fs, ino), was.len() as u64 + 5);
+        let truncate = SetAttr {
+            size: Some(2),
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        let attr = f.fs.setattr(ino, truncate).unwrap().attr;
+        assert_eq!((attr.size, attr.perm), (2, 0o600));
+        assert_eq!(f.fs.read(ino, NO_HANDLE, 0, 100).unwrap(), &was[..2]);
+    }
+    // The name that replaced the other still reads as itself.
+    let other = f.fs.lookup(ws, b"replaced").unwrap().attr.ino;
+    assert_eq!(read_all(&f.fs, other), b"other");
+
+    f.fs.forget(unlinked, 1);
+    assert_eq!(
+        f.fs.read(unlinked, NO_HANDLE, 0, 100).unwrap_err().errno(),
+        libc::ESTALE
+    );
+}
+
+/// The kernel gives every write its offset, also for a file opened to append: the
+/// descriptor the daemon writes through must not append on its own.
+#[test]
+fn writes_land_at_the_offsets_the_kernel_gives() {
+    let (f, _) = fixture(&[]);
+    let (ws, _) = workspace(&f.fs, b"ws");
+    let flags = libc::O_WRONLY | libc::O_APPEND;
+    let (entry, opened) = f.fs.create(ws, b"log", 0o644, flags, ROOT_CALLER).unwrap();
+    f.fs.release(opened.fh);
+    let ino = entry.attr.ino;
+    f.fs.write(ino, 0, b"abcdef").unwrap();
+    f.fs.write(ino, 1, b"X").unwrap();
+    f.fs.write(ino, 6, b"gh").unwrap();
+    assert_eq!(read_all(&f.fs, ino), b"aXcdefgh");
+}
+
+/// A file created read-only can still be written by its creator, as on a local disk
+/// (the kernel checked the caller's rights when it opened the file).
+#[test]
+fn a_file_created_read_only_takes_its_creators_writes() {
+    let (f, _) = fixture(&[]);
+    let (ws, _) = workspace(&f.fs, b"ws");
+    let (entry, opened) =
+        f.fs.create(ws, b"ro", 0o444, libc::O_WRONLY, ROOT_CALLER)
+            .unwrap();
+    f.fs.release(opened.fh);
+    assert_eq!(entry.attr.perm, 0o444);
+    f.fs.write(entry.attr.ino, 0, b"written").unwrap();
+    assert_eq!(read_all(&f.fs, entry.attr.ino), b"written");
+}
