@@ -193,6 +193,7 @@ impl Checkpoints {
         let time = time_from_secs(node.mtime);
         Attr {
             ino: Inode::Node { slot, node: index }.encode(),
+            generation: 0,
             kind,
             size,
             perm: (node.mode & 0o7777) as u16,
@@ -220,6 +221,7 @@ impl Checkpoints {
                 node: 0,
             }
             .encode(),
+            generation: 0,
             kind: FileKind::Directory,
             size: 4096,
             perm: 0o555,

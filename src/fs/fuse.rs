@@ -78,7 +78,7 @@ fn reply_with(reply: ReplyEntry, entry: &Entry) {
         &entry.ttl,
         &entry.name_ttl,
         &file_attr(&entry.attr),
-        Generation(0),
+        Generation(entry.attr.generation.into()),
     );
 }
 
@@ -106,6 +106,7 @@ fn file_attr(attr: &Attr) -> FileAttr {
 fn placeholder_attr(ino: u64) -> FileAttr {
     file_attr(&Attr {
         ino,
+        generation: 0,
         kind: FileKind::Directory,
         size: 0,
         perm: 0o555,
@@ -306,7 +307,7 @@ impl Filesystem for FuseAdapter {
                     name,
                     &found.name_ttl,
                     &file_attr(&found.attr),
-                    Generation(0),
+                    Generation(found.attr.generation.into()),
                 );
                 if full {
                     // Not sent: the kernel will not count this lookup.
@@ -370,10 +371,11 @@ impl Filesystem for FuseAdapter {
             Err(e) => return reply.error(errno("create", parent.0, &e)),
         };
         // One TTL for the name and the attributes here: the name's.
-        let (ttl, attr, fh) = (
+        let (ttl, attr, fh, generation) = (
             entry.name_ttl,
             file_attr(&entry.attr),
             FileHandle(opened.fh),
+            Generation(entry.attr.generation.into()),
         );
         let passthrough = self.passthrough.load(Ordering::Relaxed);
         let ino = entry.attr.ino;
@@ -382,9 +384,9 @@ impl Filesystem for FuseAdapter {
         }) {
             OpenAs::Passthrough(table) => {
                 let empty = FopenFlags::empty();
-                reply.created_passthrough(&ttl, &attr, Generation(0), fh, empty, table.id(ino))
+                reply.created_passthrough(&ttl, &attr, generation, fh, empty, table.id(ino))
             }
-            OpenAs::Served(flags) => reply.created(&ttl, &attr, Generation(0), fh, flags),
+            OpenAs::Served(flags) => reply.created(&ttl, &attr, generation, fh, flags),
         }
     }
 

@@ -91,6 +91,10 @@ pub enum FileKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
     pub ino: u64,
+    /// Tells apart files that had the same inode number at different times: 0 but in
+    /// `staging/`, where the backing filesystem reuses the numbers of deleted files
+    /// (see [`StagingTree`]). Given with each new entry, never with `getattr`.
+    pub generation: u32,
     pub kind: FileKind,
     pub size: u64,
     pub perm: u16,
@@ -609,7 +613,13 @@ impl CheckpointFs {
             });
             return self.sealer.seal(name.to_vec(), new_name.to_vec(), done);
         }
-        done(Err(self.subtree(owners.0).refusal(parent)))
+        // Across subtrees: the side that is not staging/ says why not (a checkpoint
+        // or the virtual tree is read-only).
+        let (refusing, ino) = match owners {
+            (Owner::Staging, other) => (other, new_parent),
+            (other, _) => (other, parent),
+        };
+        done(Err(self.subtree(refusing).refusal(ino)))
     }
 }
 

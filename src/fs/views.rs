@@ -91,6 +91,7 @@ impl Views {
         time: SystemTime,
     ) -> Attr {
         Attr {
+            generation: 0,
             ino,
             kind,
             size,

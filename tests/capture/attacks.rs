@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::cp_a;
 use crate::util::mount::{Mount, repo_temp_dir};
-use crate::util::sys::{assert_errno, c_path};
+use crate::util::sys::{FreshExt4, assert_errno, c_path};
 use crate::util::tree::make_small_tree;
 use crate::util::{TestStore, ckptfs, run, sha256_hex};
 
@@ -437,4 +437,81 @@ fn staging_itself_cannot_be_opened_up_and_other_users_get_their_own_workspaces()
         .arg(staging.join("root-ws")));
     assert!(!out.status.success(), "{out}");
     assert!(staging.join("root-ws").is_dir());
+}
+
+/// The backing filesystem gives a deleted file's inode number to the next file it
+/// makes, and staged inode numbers are the backing ones. A file someone holds open
+/// across the seal that deletes its workspace is still known to the kernel under
+/// that number: the holder must never reach a file made after (another workspace's,
+/// another user's). The seal parks each file the kernel still knows, so its number
+/// is not reused while it is known; the holder keeps its own file, as on a local disk,
+/// until it lets go. (Each entry also carries a generation from the backing file's
+/// handle, for the kernel to retire an inode whose number came back.)
+#[test]
+fn a_file_held_open_across_its_seal_never_reaches_a_file_made_after() {
+    use std::os::unix::fs::FileExt;
+    let store = TestStore::local();
+    let disk = FreshExt4::new("inode-reuse-");
+    let staging = disk.path().join("staging");
+    let mount = Mount::new(&store)
+        .args([std::ffi::OsStr::new("--staging-dir"), staging.as_os_str()])
+        .start();
+    let old = mount.staged("old");
+    fs::create_dir(&old).unwrap();
+    let held: Vec<fs::File> = (0..40)
+        .map(|i| {
+            let path = old.join(format!("f{i}"));
+            fs::write(&path, format!("old {i}\n")).unwrap();
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        })
+        .collect();
+    let held_inos: std::collections::HashSet<u64> =
+        held.iter().map(|f| f.metadata().unwrap().ino()).collect();
+    fs::rename(&old, mount.committed("old")).expect("the seal succeeds");
+    assert!(
+        !staging.join("old").exists(),
+        "the sealed workspace is deleted"
+    );
+
+    let new = mount.staged("new");
+    fs::create_dir(&new).unwrap();
+    let secret = |j: usize| format!("secret {j}\n").into_bytes();
+    for j in 0..200 {
+        let path = new.join(format!("s{j}"));
+        fs::write(&path, secret(j)).unwrap();
+        let ino = fs::metadata(&path).unwrap().ino();
+        assert!(
+            !held_inos.contains(&ino),
+            "s{j} got the number of a file still held open"
+        );
+    }
+    for (i, file) in held.iter().enumerate() {
+        let mut buf = [0u8; 64];
+        let n = file.read_at(&mut buf, 0).expect("a held file still reads");
+        assert_eq!(&buf[..n], format!("old {i}\n").as_bytes());
+        file.write_at(b"still mine", 0)
+            .expect("a held file still takes writes, as on a local disk");
+    }
+    for j in 0..200 {
+        assert_eq!(fs::read(new.join(format!("s{j}"))).unwrap(), secret(j));
+    }
+    // Once let go and forgotten by the kernel (which keeps unused inodes cached
+    // until it needs the memory: made to drop them here), they are deleted.
+    let graveyard = staging.join(".ckptfs-graveyard");
+    assert_eq!(fs::read_dir(&graveyard).unwrap().count(), held.len());
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs::read_dir(&graveyard).unwrap().count() > 0 && Instant::now() < deadline {
+        fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's unused inodes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        fs::read_dir(&graveyard).unwrap().count(),
+        0,
+        "files the kernel forgot are deleted"
+    );
 }

@@ -10,9 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 
-use super::{
-    Caller, Loc, OMIT, STAGING_BIT, SetAttr, StagingTree, open_checked, os, proc_path, timespec,
-};
+use super::{Caller, Loc, OMIT, STAGING_BIT, SetAttr, StagingTree, open_checked, os, timespec};
 use crate::beneath;
 use crate::fs::inode;
 use crate::fs::{Attr, FsError, Opened};
@@ -31,7 +29,7 @@ impl StagingTree {
             // and what it points to is never touched.
             let mode = mode & 0o7777;
             match &loc {
-                Loc::Dir(fd) | Loc::Orphan(fd) => beneath::chmod_opened(&**fd, mode),
+                Loc::Dir(fd) => beneath::chmod_opened(&**fd, mode),
                 Loc::At(dir, name) => beneath::chmod_at(&**dir, OsStr::from_bytes(name), mode),
             }
             .map_err(FsError::Os)?;
@@ -40,7 +38,7 @@ impl StagingTree {
             let uid = set.uid.map(rustix::process::Uid::from_raw);
             let gid = set.gid.map(rustix::process::Gid::from_raw);
             match &loc {
-                Loc::Dir(fd) | Loc::Orphan(fd) => rfs::chownat(
+                Loc::Dir(fd) => rfs::chownat(
                     &**fd,
                     "",
                     uid,
@@ -63,7 +61,6 @@ impl StagingTree {
                 Loc::At(dir, name) => {
                     open_checked(&**dir, OsStr::from_bytes(name), flags | OFlags::NOFOLLOW)?
                 }
-                Loc::Orphan(fd) => open_checked(rfs::CWD, proc_path(&**fd).as_os_str(), flags)?,
                 Loc::Dir(_) => return Err(FsError::IsADirectory),
             }
             .into();
@@ -75,7 +72,7 @@ impl StagingTree {
                 last_modification: set.mtime.map_or(OMIT, timespec),
             };
             match &loc {
-                Loc::Dir(fd) | Loc::Orphan(fd) => rfs::utimensat(
+                Loc::Dir(fd) => rfs::utimensat(
                     &**fd,
                     "",
                     &times,
@@ -147,6 +144,7 @@ impl StagingTree {
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let _changing = self.changing();
+        self.not_graveyard(parent, name)?;
         self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
@@ -185,6 +183,7 @@ impl StagingTree {
             ));
         }
         let _changing = self.changing();
+        self.not_graveyard(parent, name)?;
         self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
@@ -215,6 +214,7 @@ impl StagingTree {
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let _changing = self.changing();
+        self.not_graveyard(parent, name)?;
         self.check_not_frozen(parent)?;
         let parent_fd = self.fd(parent)?;
         let os_name = OsStr::from_bytes(name);
@@ -225,11 +225,14 @@ impl StagingTree {
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, FsError> {
         let _changing = self.changing();
+        self.not_graveyard(new_parent, new_name)?;
         self.check_not_frozen(ino)?;
         self.check_not_frozen(new_parent)?;
         let parent_fd = self.fd(new_parent)?;
         let new_name_os = OsStr::from_bytes(new_name);
         match self.loc(ino)? {
+            // As link(2) answers for a file with no name left.
+            loc if self.is_parked(&loc) => return Err(FsError::NotFound),
             Loc::At(dir, name) => rfs::linkat(
                 &*dir,
                 OsStr::from_bytes(&name),
@@ -242,8 +245,6 @@ impl StagingTree {
                 return Err(FsError::Exists);
             }
             Loc::Dir(_) => return Err(FsError::NotPermitted("hard links to directories")),
-            // As link(2) answers for a file with no name left.
-            Loc::Orphan(_) => return Err(FsError::NotFound),
         }
         .map_err(os)?;
         self.lookup_attr(new_parent, new_name)
@@ -252,11 +253,11 @@ impl StagingTree {
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
         let _changing = self.changing();
         let (fd, victim) = self.child_not_frozen(parent, name)?;
-        let keeper = victim.and_then(|v| self.keeper(&fd, name, parent, &v));
+        let parked = victim.is_some_and(|v| self.park(&fd, name, parent, &v));
         rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::empty()).map_err(os)?;
         if let Some(victim) = victim {
             let ino = self.fuse_ino(victim.st_ino);
-            self.renamed(ino, (parent, name), None, keeper);
+            self.renamed(ino, (parent, name), None, parked);
         }
         Ok(())
     }
@@ -281,11 +282,11 @@ impl StagingTree {
         let ino = |stat: &Option<rfs::Stat>| stat.as_ref().map(|s| self.fuse_ino(s.st_ino));
         let (moved_ino, replaced_ino) = (ino(&moved), ino(&replaced));
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let keeper = match &replaced {
+        let parked = match &replaced {
             Some(stat) if !exchange && replaced_ino != moved_ino => {
-                self.keeper(&to, new_name, new_parent, stat)
+                self.park(&to, new_name, new_parent, stat)
             }
-            _ => None,
+            _ => false,
         };
         rfs::renameat_with(
             &*from,
@@ -299,10 +300,10 @@ impl StagingTree {
             && Some(replaced) != moved_ino
         {
             let back = exchange.then_some((parent, name));
-            self.renamed(replaced, (new_parent, new_name), back, keeper);
+            self.renamed(replaced, (new_parent, new_name), back, parked);
         }
         if let Some(moved) = moved_ino {
-            self.renamed(moved, (parent, name), Some((new_parent, new_name)), None);
+            self.renamed(moved, (parent, name), Some((new_parent, new_name)), false);
         }
         Ok(())
     }
@@ -321,6 +322,7 @@ impl StagingTree {
         caller: Caller,
     ) -> Result<(Attr, Opened), FsError> {
         let _changing = self.changing();
+        self.not_graveyard(parent, name)?;
         let parent_fd = self.fd(parent)?;
         self.check_not_frozen(parent)?;
         let os_name = OsStr::from_bytes(name);

@@ -8,23 +8,27 @@
 //! with `fstat` when opened, and while it is open the backing filesystem cannot give
 //! that inode number to another file.
 //!
-//! A file whose last known name is removed while the kernel still knows it may still
-//! be open in some process, which POSIX lets go on reading and writing it: such a file
-//! is kept as an orphan (`Place::Orphan`), an `O_PATH` descriptor held until the
-//! kernel forgets the inode.
+//! A file whose last known name goes away (an unlink, a rename over it, the seal that
+//! deletes its workspace) while the kernel still knows it may still be open in some
+//! process, which POSIX lets go on reading and writing it: such a file is *parked*,
+//! kept by a hard link in the graveyard (`GRAVEYARD` in `mod.rs`) named after its
+//! inode number, until the kernel forgets the inode (which it does as soon as nothing
+//! holds the file). A link costs no descriptor, so there is no bound to keep; and
+//! while a file the kernel knows keeps its inode, the backing filesystem cannot give
+//! its number to a new file that the kernel would take for it.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::num::NonZeroUsize;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
-use rustix::fs::{self as rfs, Mode, OFlags};
+use rustix::fs::{self as rfs, AtFlags, OFlags};
 
-use super::{Known, Loc, Place, StagingTree, open_checked, os, proc_path};
+use super::{Known, Loc, Place, StagingTree, open_checked, os, parked_name};
 use crate::fs::{CopySource, FsError};
 
 /// Staged files kept open for reads and writes.
@@ -90,8 +94,6 @@ impl StagingTree {
             Loc::At(dir, name) => {
                 open_checked(&**dir, OsStr::from_bytes(name), flags | OFlags::NOFOLLOW)
             }
-            // The /proc link names the very inode held, whatever became of its names.
-            Loc::Orphan(fd) => open_checked(rfs::CWD, proc_path(&**fd).as_os_str(), flags),
             Loc::Dir(_) => Err(FsError::IsADirectory),
         };
         // Read and write through one descriptor where the file's mode allows it (a
@@ -209,32 +211,39 @@ impl StagingTree {
     }
 
     /// Before `dir/name` (described by `stat`) is removed or replaced: if it is a
-    /// regular file the kernel knows by no other name, a descriptor that keeps it for
-    /// the processes that may still hold it open (see the module comment).
-    pub(super) fn keeper(
-        &self,
-        dir: &OwnedFd,
-        name: &[u8],
-        parent: u64,
-        stat: &rfs::Stat,
-    ) -> Option<OwnedFd> {
+    /// regular file the kernel knows by no other name, links it into the graveyard
+    /// (see the module comment); returns whether it did.
+    pub(super) fn park(&self, dir: &OwnedFd, name: &[u8], parent: u64, stat: &rfs::Stat) -> bool {
         if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::RegularFile {
-            return None;
+            return false;
         }
         let ino = self.fuse_ino(stat.st_ino);
-        let other_names = match self.known.lock().expect("staging lock").get(&ino) {
+        match self.known.lock().expect("staging lock").get(&ino) {
             Some(Known {
                 place: Place::Links(links),
                 ..
-            }) => links.iter().any(|(p, n)| !(*p == parent && n == name)),
-            _ => return None,
-        };
-        if other_names {
-            return None;
+            }) if links.iter().all(|(p, n)| *p == parent && n == name) => {}
+            _ => return false,
         }
-        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rfs::openat(dir, OsStr::from_bytes(name), flags, Mode::empty()).ok()?;
-        let same = rfs::fstat(&fd).ok()?.st_ino == stat.st_ino;
-        same.then_some(fd)
+        self.link_parked(dir, OsStr::from_bytes(name), ino)
+    }
+
+    /// Links `dir/name` into the graveyard as parked file `ino`.
+    pub(super) fn link_parked(&self, dir: impl AsFd, name: &OsStr, ino: u64) -> bool {
+        let parked = parked_name(ino);
+        match rfs::linkat(
+            dir,
+            name,
+            &*self.graveyard,
+            OsStr::from_bytes(&parked),
+            AtFlags::empty(),
+        ) {
+            // Already there: another name of the same file was parked first.
+            Ok(()) | Err(rustix::io::Errno::EXIST) => true,
+            Err(e) => {
+                tracing::debug!(ino, error = %e, "cannot park a file; its holders lose it");
+                false
+            }
+        }
     }
 }

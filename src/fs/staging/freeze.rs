@@ -1,12 +1,13 @@
 //! Freezing a workspace for a seal, and deleting it once sealed.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs as rfs;
 
-use super::{StagingTree, os};
+use super::{Place, StagingTree, os};
 use crate::beneath;
 use crate::fs::FsError;
 
@@ -67,6 +68,7 @@ impl StagingTree {
                     "the workspace was replaced during the seal",
                 ));
             }
+            self.park_known(&frozen)?;
             beneath::remove_at(&*self.root_fd, name)
         })();
         if result.is_ok() {
@@ -79,22 +81,61 @@ impl StagingTree {
     }
 }
 
-/// Calls `add` with the inode number of `dir` and of everything below it, entering
-/// directories through descriptors only, one at a time (see [`beneath::Descent`]):
-/// a tree of any depth is walked without exhausting the stack or the open files.
+impl StagingTree {
+    /// Parks each regular file of the sealed workspace that the kernel still knows,
+    /// by no name outside the workspace (see `files.rs`): the workspace is about to be
+    /// deleted, and a process may hold such a file open.
+    fn park_known(&self, frozen: &Frozen) -> std::io::Result<()> {
+        let inside: HashSet<u64> = frozen.inodes.iter().copied().collect();
+        walk(&frozen.dir, &mut |dir, name, backing_ino, kind| {
+            if kind != rfs::FileType::RegularFile {
+                return;
+            }
+            let ino = self.fuse_ino(backing_ino);
+            let mut known = self.known.lock().expect("staging lock");
+            let Some(entry) = known.get_mut(&ino) else {
+                return;
+            };
+            let only_inside = match &entry.place {
+                Place::Links(links) => links.iter().all(|(parent, _)| inside.contains(parent)),
+                _ => false,
+            };
+            if only_inside && self.link_parked(dir, OsStr::from_bytes(name), ino) {
+                entry.place = Place::Parked;
+            }
+        })
+        .map_err(|e| match e {
+            FsError::Os(e) => e,
+            other => std::io::Error::other(other.to_string()),
+        })
+    }
+}
+
+/// Calls `add` with the inode number of `dir` and of everything below it.
 fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
     add(rfs::fstat(dir).map_err(os)?.st_ino);
+    walk(dir, &mut |_, _, ino, _| add(ino))
+}
+
+/// What [`walk`] calls with each entry: the directory it is in, its name, its inode
+/// number and its kind.
+type Visit<'a> = dyn FnMut(BorrowedFd<'_>, &[u8], u64, rfs::FileType) + 'a;
+
+/// Calls `visit` with each entry below `dir`, entering directories through
+/// descriptors only, one at a time (see [`beneath::Descent`]): a tree of any depth is
+/// walked without exhausting the stack or the open files.
+fn walk(dir: &OwnedFd, visit: &mut Visit<'_>) -> Result<(), FsError> {
     let top = beneath::open_dir(dir, OsStr::new(".")).map_err(FsError::Os)?;
     let mut walk = beneath::Descent::new(top);
     // Per level, the subdirectories still to enter.
     let mut pending: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut subdirs = list_inodes(walk.dir(), add)?;
+    let mut subdirs = list_entries(walk.dir(), visit)?;
     loop {
         match subdirs.pop() {
             Some(name) => {
                 walk.enter(OsStr::from_bytes(&name)).map_err(FsError::Os)?;
                 pending.push(std::mem::take(&mut subdirs));
-                subdirs = list_inodes(walk.dir(), add)?;
+                subdirs = list_entries(walk.dir(), visit)?;
             }
             None => match pending.pop() {
                 Some(above) => {
@@ -107,12 +148,8 @@ fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError
     }
 }
 
-/// Calls `add` with the inode number of each entry of `dir`; returns the names of its
-/// subdirectories.
-fn list_inodes(
-    dir: std::os::fd::BorrowedFd<'_>,
-    add: &mut dyn FnMut(u64),
-) -> Result<Vec<Vec<u8>>, FsError> {
+/// Calls `visit` with each entry of `dir`; returns the names of its subdirectories.
+fn list_entries(dir: BorrowedFd<'_>, visit: &mut Visit<'_>) -> Result<Vec<Vec<u8>>, FsError> {
     let mut subdirs = Vec::new();
     let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
     while let Some(entry) = listing.read() {
@@ -121,15 +158,14 @@ fn list_inodes(
         if name == b"." || name == b".." {
             continue;
         }
-        add(entry.ino());
-        let is_dir = match entry.file_type() {
-            rfs::FileType::Unknown => {
-                beneath::kind_at(dir, OsStr::from_bytes(name)).map_err(FsError::Os)?
-                    == Some(rfs::FileType::Directory)
-            }
-            kind => kind == rfs::FileType::Directory,
+        let kind = match entry.file_type() {
+            rfs::FileType::Unknown => beneath::kind_at(dir, OsStr::from_bytes(name))
+                .map_err(FsError::Os)?
+                .unwrap_or(rfs::FileType::Unknown),
+            kind => kind,
         };
-        if is_dir {
+        visit(dir, name, entry.ino(), kind);
+        if kind == rfs::FileType::Directory {
             subdirs.push(name.to_vec());
         }
     }

@@ -35,7 +35,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -55,6 +55,14 @@ use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtre
 /// names a rename or an unlink replaced): names and attributes are cached for an hour,
 /// so that a second pass over a workspace asks the daemon nothing.
 pub const STAGED_TTL: Duration = Duration::from_secs(3600);
+
+/// The graveyard, directly in the staging directory: where a parked file (see
+/// `Place::Parked`) is kept, by a hard link named after its inode number, so that
+/// its inode lives on, and its number is not given to a new file the kernel could
+/// take for it. It is made empty at each start (the kernel knows nothing from an
+/// earlier run), and `staging/` neither shows it nor lets anyone make, move or remove
+/// an entry of that name.
+const GRAVEYARD: &str = ".ckptfs-graveyard";
 
 /// Set in every FUSE inode number and file handle that belongs to staging.
 pub const STAGING_BIT: u64 = inode::STAGED_BIT;
@@ -99,26 +107,27 @@ enum Place {
     /// The names (directory inode, name) the file is known by; kept up to date by
     /// rename, link and unlink, which all go through this tree.
     Links(Vec<(u64, Vec<u8>)>),
-    /// A regular file whose last name was removed while the kernel still knew it (a
-    /// process may hold it open and go on reading and writing, as POSIX allows): an
-    /// `O_PATH` descriptor keeps it, until the kernel forgets the inode.
-    Orphan(Arc<OwnedFd>),
+    /// A regular file whose last known name went away (an unlink, a rename over it,
+    /// the seal of its workspace) while the kernel still knew it: a process may hold
+    /// it open and go on reading and writing, as POSIX allows. It is kept by a link
+    /// in the graveyard (see `files.rs`) until the kernel forgets the inode.
+    Parked,
 }
 
 /// How a system call reaches an inode.
 enum Loc {
     /// A directory's own descriptor.
     Dir(Arc<OwnedFd>),
-    /// A name in a directory.
+    /// A name in a directory (the graveyard's, for a parked file).
     At(Arc<OwnedFd>, Vec<u8>),
-    /// An unlinked file, through the descriptor that keeps it.
-    Orphan(Arc<OwnedFd>),
 }
 
 pub struct StagingTree {
     root_fd: Arc<OwnedFd>,
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
+    /// [`GRAVEYARD`], where parked files are kept.
+    graveyard: Arc<OwnedFd>,
     /// Files opened for reads and writes, which come by inode (see `files.rs`).
     files: files::OpenFiles,
     /// Directory listings being read, by directory.
@@ -159,12 +168,66 @@ fn open_checked(dir: impl AsFd, name: &OsStr, flags: OFlags) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// The generation of the inode `fd` holds (`stat` describes it), for the kernel to
+/// tell files apart that had the same inode number at different times. Staged inode
+/// numbers are the backing filesystem's, which gives a deleted file's number to the
+/// next file it makes, while the kernel may still know the deleted one (a process
+/// holds it open across the seal that deleted its workspace, say). Given a known
+/// number with another generation, the kernel retires its old inode (every use of it
+/// fails with `EIO`) instead of taking the new file for it. The generation is a hash
+/// of the file handle the backing filesystem gives the inode (ext4, XFS, Btrfs and
+/// tmpfs put their own generation in it), or of its creation time where there is no
+/// handle; it must fit the kernel's 32 bits, or every lookup would look stale.
+fn generation(fd: &OwnedFd, stat: &rfs::Stat) -> u32 {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; 128],
+    }
+    let mut handle = Handle {
+        bytes: 128,
+        kind: 0,
+        data: [0; 128],
+    };
+    let mut mount_id = 0;
+    // SAFETY: `handle` is a file_handle header followed by the 128 bytes its `bytes`
+    // field announces, and `mount_id` an int, both alive and writable for the call;
+    // the path is an empty NUL-terminated string, used with AT_EMPTY_PATH on a
+    // descriptor we own.
+    let rc = unsafe {
+        libc::name_to_handle_at(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            (&mut handle as *mut Handle).cast::<libc::file_handle>(),
+            &mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    if rc == 0 && handle.bytes as usize <= handle.data.len() {
+        hasher.update(&handle.kind.to_le_bytes());
+        hasher.update(&handle.data[..handle.bytes as usize]);
+    } else {
+        let birth = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, rustix::fs::StatxFlags::BTIME)
+            .ok()
+            .map(|x| (x.stx_btime.tv_sec, x.stx_btime.tv_nsec));
+        hasher.update(&stat.st_ino.to_le_bytes());
+        if let Some((secs, nanos)) = birth {
+            hasher.update(&secs.to_le_bytes());
+            hasher.update(&nanos.to_le_bytes());
+        }
+    }
+    hasher.digest() as u32
+}
+
 fn os(e: rustix::io::Errno) -> FsError {
     FsError::Os(std::io::Error::from(e))
 }
 
-fn proc_path(fd: &impl AsRawFd) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+/// The name of a parked file in the graveyard: its FUSE inode number.
+fn parked_name(ino: u64) -> Vec<u8> {
+    format!("{ino:x}").into_bytes()
 }
 
 fn timespec(t: SetTime) -> Timespec {
@@ -233,10 +296,23 @@ impl StagingTree {
         )
         .map_err(os)?;
         let root_ino = stat.st_ino;
+        match crate::beneath::remove_at(&dir, OsStr::new(GRAVEYARD)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(FsError::Os(e)),
+            _ => {}
+        }
+        rfs::mkdirat(&dir, GRAVEYARD, Mode::from_raw_mode(0o700)).map_err(os)?;
+        let graveyard = rfs::openat(
+            &dir,
+            GRAVEYARD,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
         Ok(StagingTree {
             root_fd: Arc::new(root_fd),
             root_ino,
             known: Mutex::new(HashMap::new()),
+            graveyard: Arc::new(graveyard),
             files: files::OpenFiles::default(),
             listings: Mutex::new(HashMap::new()),
             gate: RwLock::new(()),
@@ -278,9 +354,15 @@ impl StagingTree {
                 ..
             }) => return Ok(Loc::Dir(Arc::clone(fd))),
             Some(Known {
-                place: Place::Orphan(fd),
+                place: Place::Parked,
                 ..
-            }) => return Ok(Loc::Orphan(Arc::clone(fd))),
+            }) => {
+                let name = parked_name(ino);
+                return match self.child_ino(&self.graveyard, &name) == Some(ino) {
+                    true => Ok(Loc::At(Arc::clone(&self.graveyard), name)),
+                    false => Err(FsError::Stale),
+                };
+            }
             Some(Known {
                 place: Place::Links(links),
                 ..
@@ -301,7 +383,7 @@ impl StagingTree {
 
     fn stat(&self, loc: &Loc) -> Result<rfs::Stat, FsError> {
         match loc {
-            Loc::Dir(fd) | Loc::Orphan(fd) => rfs::fstat(&**fd),
+            Loc::Dir(fd) => rfs::fstat(&**fd),
             Loc::At(dir, name) => {
                 rfs::statat(&**dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
             }
@@ -339,14 +421,8 @@ impl StagingTree {
     }
 
     /// Keeps the names of known files right after `parent/name` changed. A file left
-    /// with no known name becomes an orphan held by `keeper` (see `files.rs`).
-    fn renamed(
-        &self,
-        ino: u64,
-        from: (u64, &[u8]),
-        to: Option<(u64, &[u8])>,
-        keeper: Option<OwnedFd>,
-    ) {
+    /// with no known name is parked if [`Self::park`] linked it into the graveyard.
+    fn renamed(&self, ino: u64, from: (u64, &[u8]), to: Option<(u64, &[u8])>, parked: bool) {
         let mut known = self.known.lock().expect("staging lock");
         let Some(entry) = known.get_mut(&ino) else {
             return;
@@ -356,8 +432,8 @@ impl StagingTree {
             if let Some((parent, name)) = to {
                 links.push((parent, name.to_vec()));
             }
-            if let (true, Some(fd)) = (links.is_empty(), keeper) {
-                entry.place = Place::Orphan(Arc::new(fd));
+            if links.is_empty() && parked {
+                entry.place = Place::Parked;
             }
         }
     }
@@ -382,6 +458,7 @@ impl StagingTree {
         };
         Attr {
             ino,
+            generation: 0,
             kind,
             size: stat.st_size as u64,
             perm,
@@ -413,6 +490,7 @@ impl StagingTree {
         parent: u64,
         name: &[u8],
     ) -> Result<(Arc<OwnedFd>, Option<rfs::Stat>), FsError> {
+        self.not_graveyard(parent, name)?;
         self.check_not_frozen(parent)?;
         let fd = self.fd(parent)?;
         let stat = rfs::statat(&*fd, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW).ok();
@@ -422,27 +500,30 @@ impl StagingTree {
         Ok((fd, stat))
     }
 
-    /// Registers one more kernel reference to `parent/name` and returns its attributes.
+    /// Registers one more kernel reference to `parent/name` and returns its attributes,
+    /// with its generation (see [`generation`]).
     fn lookup_attr(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
-        let parent_fd = self.fd(parent)?;
-        let os_name = OsStr::from_bytes(name);
-        let mut stat = rfs::statat(&*parent_fd, os_name, AtFlags::SYMLINK_NOFOLLOW).map_err(os)?;
-        let mut dir_fd = None;
-        if rfs::FileType::from_raw_mode(stat.st_mode) == rfs::FileType::Directory {
-            let fd = rfs::openat(
-                &*parent_fd,
-                os_name,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(os)?;
-            // What was opened is what is described, even if the name just changed.
-            stat = rfs::fstat(&fd).map_err(os)?;
-            dir_fd = Some(fd);
+        if self.not_graveyard(parent, name).is_err() {
+            return Err(FsError::NotFound);
         }
-        let attr = self.attr(&stat);
+        let parent_fd = self.fd(parent)?;
+        // Opened without following a symlink (and not for I/O), so that the attributes
+        // and the generation are of one inode, even if the name just changed.
+        let fd = rfs::openat(
+            &*parent_fd,
+            OsStr::from_bytes(name),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(os)?;
+        let stat = rfs::fstat(&fd).map_err(os)?;
+        let attr = Attr {
+            generation: generation(&fd, &stat),
+            ..self.attr(&stat)
+        };
+        let is_dir = rfs::FileType::from_raw_mode(stat.st_mode) == rfs::FileType::Directory;
         if attr.ino != inode::STAGING {
-            self.remember(attr.ino, parent, name, dir_fd);
+            self.remember(attr.ino, parent, name, is_dir.then_some(fd));
         }
         Ok(attr)
     }
@@ -453,7 +534,15 @@ impl StagingTree {
         if let Some(k) = known.get_mut(&ino) {
             k.lookups = k.lookups.saturating_sub(count);
             if k.lookups == 0 {
-                known.remove(&ino);
+                if let Some(Known {
+                    place: Place::Parked,
+                    ..
+                }) = known.remove(&ino)
+                {
+                    let name = parked_name(ino);
+                    let _ =
+                        rfs::unlinkat(&*self.graveyard, OsStr::from_bytes(&name), AtFlags::empty());
+                }
                 drop(known);
                 self.files.forget(ino);
             }
@@ -461,11 +550,29 @@ impl StagingTree {
     }
 
     pub fn attr_of(&self, ino: u64) -> Result<Attr, FsError> {
-        let attr = self.attr(&self.stat(&self.loc(ino)?)?);
+        let loc = self.loc(ino)?;
+        let mut attr = self.attr(&self.stat(&loc)?);
         if attr.ino != ino {
             return Err(FsError::Stale);
         }
+        if self.is_parked(&loc) {
+            // The graveyard's link is not one of the file's names.
+            attr.nlink = attr.nlink.saturating_sub(1);
+        }
         Ok(attr)
+    }
+
+    fn is_parked(&self, loc: &Loc) -> bool {
+        matches!(loc, Loc::At(dir, _) if Arc::ptr_eq(dir, &self.graveyard))
+    }
+
+    /// Refuses a change that names the graveyard directly in `staging/`: it is not
+    /// there for anyone but the daemon (see [`GRAVEYARD`]).
+    fn not_graveyard(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
+        if parent == inode::STAGING && name == GRAVEYARD.as_bytes() {
+            return Err(FsError::NotPermitted("a name reserved by ckptfs"));
+        }
+        Ok(())
     }
 
     /// The entry for `attr`, found or made in directory `parent`: names and
@@ -543,6 +650,7 @@ impl StagingTree {
             let entry_ino = match name {
                 b"." => ino,
                 b".." if ino == inode::STAGING => inode::ROOT,
+                _ if ino == inode::STAGING && name == GRAVEYARD.as_bytes() => continue,
                 _ => self.fuse_ino(entry.ino()),
             };
             entries.push(DirEntry {
@@ -562,6 +670,9 @@ impl StagingTree {
     /// only workspaces can be sealed. The seal itself opens the directory again (no
     /// symlink followed), so a swap after this check only fails the seal.
     pub fn check_sealable(&self, name: &[u8]) -> Result<(), FsError> {
+        if self.not_graveyard(inode::STAGING, name).is_err() {
+            return Err(FsError::NotFound);
+        }
         let stat = rfs::statat(
             &*self.root_fd,
             OsStr::from_bytes(name),
@@ -634,7 +745,10 @@ impl Subtree for StagingTree {
 
     fn release(&self, _fh: u64) {}
 
+    /// Staging takes changes: the router asks the other side of a move that leaves
+    /// it. Should it ever ask staging, a move across the mount's subtrees is refused
+    /// as one across filesystems.
     fn refusal(&self, _ino: u64) -> FsError {
-        unreachable!("staging takes changes; the router never asks it to refuse one")
+        FsError::Os(std::io::Error::from_raw_os_error(libc::EXDEV))
     }
 }

@@ -68,6 +68,44 @@ fn a_file_whose_name_is_removed_is_still_read_and_written_until_the_kernel_forge
     );
 }
 
+/// A move out of `staging/` into a checkpoint or the virtual tree is refused by the
+/// side that is not staging: read-only (a writer once brought the daemon down so).
+#[test]
+fn a_move_out_of_staging_is_refused_by_the_other_side() {
+    let (f, ids) = fixture(&[&[("dir/file", b"x")]]);
+    let (ws, _) = workspace(&f.fs, b"ws");
+    let (made, opened) =
+        f.fs.create(ws, b"f", 0o644, libc::O_WRONLY, ROOT_CALLER)
+            .unwrap();
+    f.fs.release(opened.fh);
+    let ckpt = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, ckpt);
+    let dir = f.fs.lookup(ckpt, b"dir").unwrap().attr.ino;
+    for (to, errno) in [
+        (dir, libc::EROFS),
+        (inode::BY_TIME, libc::EROFS),
+        (inode::ROOT, libc::EROFS),
+    ] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.fs.rename(
+            (ws, b"f"),
+            (to, b"f"),
+            0,
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        assert_eq!(rx.recv().unwrap().unwrap_err().errno(), errno, "into {to}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        f.fs.rename(
+            (to, b"x"),
+            (ws, b"x"),
+            0,
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        assert_eq!(rx.recv().unwrap().unwrap_err().errno(), errno, "from {to}");
+    }
+    assert_eq!(read_all(&f.fs, made.attr.ino), b"");
+}
+
 /// The kernel gives every write its offset, also for a file opened to append: the
 /// descriptor the daemon writes through must not append on its own.
 #[test]
@@ -97,4 +135,56 @@ fn a_file_created_read_only_takes_its_creators_writes() {
     assert_eq!(entry.attr.perm, 0o444);
     f.fs.write(entry.attr.ino, 0, b"written").unwrap();
     assert_eq!(read_all(&f.fs, entry.attr.ino), b"written");
+}
+
+/// A parked file is kept by a link in a graveyard that `staging/` does not show and
+/// nobody can touch through the mount; the link goes once the kernel forgets it.
+#[test]
+fn parked_files_are_kept_out_of_sight_until_the_kernel_forgets_them() {
+    let (f, _) = fixture(&[]);
+    let (ws, dir) = workspace(&f.fs, b"ws");
+    std::fs::write(f.staging_dir.join(&dir).join("gone"), b"kept").unwrap();
+    let gone = f.fs.lookup(ws, b"gone").unwrap().attr.ino;
+    f.fs.unlink(ws, b"gone").unwrap();
+    let graveyard = f.staging_dir.join(".ckptfs-graveyard");
+    assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 1);
+    assert_eq!(read_all(&f.fs, gone), b"kept");
+    assert_eq!(f.fs.getattr(gone).unwrap().attr.nlink, 0, "no name is left");
+    let mut listed = names(&f.fs, inode::STAGING);
+    listed.sort();
+    assert_eq!(listed, [".", "..", "ws"]);
+    let name = b".ckptfs-graveyard";
+    assert_eq!(
+        f.fs.lookup(inode::STAGING, name).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    let refused = [
+        f.fs.mkdir(inode::STAGING, name, 0o755, ROOT_CALLER)
+            .map(drop),
+        f.fs.rmdir(inode::STAGING, name),
+        f.fs.unlink(inode::STAGING, name),
+        f.fs.staging.rename(inode::STAGING, name, ws, b"x", 0),
+        f.fs.staging.rename(ws, b"x", inode::STAGING, name, 0),
+    ];
+    for result in refused {
+        assert_eq!(result.unwrap_err().errno(), libc::EPERM);
+    }
+    f.fs.forget(gone, 1);
+    assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 0);
+}
+
+/// The generation the kernel gets with each entry (see `staging::generation`) is the
+/// same for every name of one file, and differs between files.
+#[test]
+fn each_file_has_a_generation_of_its_own_shared_by_its_names() {
+    let (f, _) = fixture(&[]);
+    let (ws, dir) = workspace(&f.fs, b"ws");
+    let backing = f.staging_dir.join(&dir);
+    std::fs::write(backing.join("a"), b"a").unwrap();
+    std::fs::write(backing.join("b"), b"b").unwrap();
+    std::fs::hard_link(backing.join("a"), backing.join("a2")).unwrap();
+    let generation = |name: &[u8]| f.fs.lookup(ws, name).unwrap().attr.generation;
+    assert_eq!(generation(b"a"), generation(b"a2"));
+    assert_ne!(generation(b"a"), generation(b"b"));
+    assert_eq!(generation(b"a"), generation(b"a"));
 }
