@@ -10,14 +10,16 @@
 //! This module decides what a checkpoint object's user metadata says: `sha256` (the
 //! digest, 64 lowercase hex digits) and `size` (the length in bytes, decimal). Both
 //! are written with every object and checked when present; an object without them
-//! (put there by another tool) is still verified by its bytes.
+//! (put there by another tool) is still verified by its bytes. `captured` (the
+//! writer's clock when it stored the object, RFC 3339 with nanoseconds) only orders
+//! checkpoints that the store's clock puts in the same second: see [`list`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
@@ -66,13 +68,23 @@ impl fmt::Display for CheckpointId {
 /// The user metadata keys of a checkpoint object.
 const SHA256_KEY: &str = "sha256";
 const SIZE_KEY: &str = "size";
+const CAPTURED_KEY: &str = "captured";
 
-/// The user metadata written with a checkpoint object of `size` bytes.
+/// The user metadata written with a checkpoint object of `size` bytes, stored now.
 fn encode_metadata(id: &CheckpointId, size: u64) -> BTreeMap<String, String> {
     BTreeMap::from([
         (SHA256_KEY.to_owned(), id.as_str().to_owned()),
         (SIZE_KEY.to_owned(), size.to_string()),
+        (
+            CAPTURED_KEY.to_owned(),
+            humantime::format_rfc3339_nanos(SystemTime::now()).to_string(),
+        ),
     ])
+}
+
+/// The capture time an object's metadata claims, if it is a valid one.
+fn decode_captured(metadata: &BTreeMap<String, String>) -> Option<SystemTime> {
+    humantime::parse_rfc3339(metadata.get(CAPTURED_KEY)?).ok()
 }
 
 /// What a checkpoint object's user metadata claims, as far as it says anything.
@@ -138,9 +150,51 @@ pub enum CheckpointError {
     Io { context: String, cause: io::Error },
 }
 
-/// Every checkpoint in the store, oldest first (ties broken by digest, so the order
-/// is stable). Other objects under the prefix are ignored.
+/// Every checkpoint in the store, oldest first. Other objects under the prefix are
+/// ignored. See [`list_ordered`] for the order.
 pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> {
+    list_ordered(store, &mut CaptureTimes::default(), Exact::All).map(|(listed, _)| listed)
+}
+
+/// Which part of a listing's order [`list_ordered`] must get right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exact {
+    All,
+    /// The newest N checkpoints (enough for `latest~(N-1)`); the capture times of
+    /// older checkpoints are used if known, not asked for.
+    Newest(usize),
+    /// As much as this many requests make exact, newest first.
+    Requests(usize),
+}
+
+/// Capture times read from objects' metadata, kept so that a mount's refreshes ask
+/// for each object's once. Keyed by the object's time too: an object stored again
+/// under its name (a damaged one replaced) is asked again.
+#[derive(Debug, Default)]
+pub struct CaptureTimes(HashMap<(CheckpointId, SystemTime), Option<SystemTime>>);
+
+/// Checkpoints asked for their capture times at once.
+const HEADS_IN_FLIGHT: usize = 8;
+
+/// Every checkpoint in the store in capture order: by the store's time
+/// (`LastModified`, which the writer cannot set) to the whole second, then, among
+/// checkpoints of the same second, by the capture time their metadata claims
+/// (those without one first), then by digest. S3 gives times to the second, and an
+/// agent can take several turns in one: only those need their metadata, one
+/// `HeadObject` each, so a listing costs one `ListObjectsV2` per 1,000 checkpoints
+/// plus one request per checkpoint that shares its second. A forged capture time can
+/// reorder turns within their second, nothing more.
+///
+/// A store filled in bursts (an import, a benchmark: thousands of objects in the
+/// same seconds) would cost a `HeadObject` per checkpoint; [`Exact::Newest`] bounds
+/// that to the groups that decide the newest turns. Also returns whether the whole
+/// order is exact (every checkpoint that shares its second has a known capture time,
+/// or none to give).
+pub fn list_ordered(
+    store: &dyn ObjectStore,
+    known: &mut CaptureTimes,
+    exact: Exact,
+) -> Result<(Vec<CheckpointInfo>, bool), StoreError> {
     let objects = store.list()?;
     let object_count = objects.len();
     let mut checkpoints: Vec<_> = objects
@@ -159,14 +213,103 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
             },
         )
         .collect();
-    checkpoints.sort_by(|a, b| (a.last_modified, &a.id).cmp(&(b.last_modified, &b.id)));
+    checkpoints.sort_by(|a, b| {
+        (whole_second(a.last_modified), &a.id).cmp(&(whole_second(b.last_modified), &b.id))
+    });
+    let second = |i: usize| checkpoints.get(i).map(|c| whole_second(c.last_modified));
+    let tied: Vec<bool> = (0..checkpoints.len())
+        .map(|i| (i > 0 && second(i - 1) == second(i)) || second(i + 1) == second(i))
+        .collect();
+    // The first checkpoint whose place must be exact: the start of the second that
+    // holds the oldest of the newest N.
+    let asked_from = match exact {
+        Exact::Newest(n) if n < checkpoints.len() => {
+            let oldest = checkpoints.len() - n.max(1);
+            (0..=oldest)
+                .rev()
+                .take_while(|&i| second(i) == second(oldest))
+                .last()
+                .unwrap_or(oldest)
+        }
+        _ => 0,
+    };
+    let key = |c: &CheckpointInfo| (c.id.clone(), c.last_modified);
+    let mut unknown: Vec<&CheckpointInfo> = checkpoints
+        .iter()
+        .zip(&tied)
+        .skip(asked_from)
+        .filter(|&(c, &tied)| tied && !known.0.contains_key(&key(c)))
+        .map(|(c, _)| c)
+        .collect();
+    if let Exact::Requests(most) = exact {
+        unknown.drain(..unknown.len().saturating_sub(most));
+    }
+    for (c, captured) in unknown.iter().zip(capture_times(store, &unknown)) {
+        if let Some(captured) = captured {
+            known.0.insert(key(c), captured);
+        }
+    }
+    let asked = unknown.len();
+    let all_known = checkpoints
+        .iter()
+        .zip(&tied)
+        .all(|(c, &tied)| !tied || known.0.contains_key(&key(c)));
+    let mut keyed: Vec<_> = checkpoints
+        .into_iter()
+        .zip(tied)
+        .map(|(c, tied)| {
+            let captured = if tied {
+                known.0.get(&key(&c)).copied().flatten()
+            } else {
+                None
+            };
+            ((whole_second(c.last_modified), captured), c)
+        })
+        .collect();
+    keyed.sort_by(|(a, ca), (b, cb)| (a, &ca.id).cmp(&(b, &cb.id)));
     tracing::debug!(
         store = %store.describe(),
         objects = object_count,
-        checkpoints = checkpoints.len(),
+        checkpoints = keyed.len(),
+        asked_for_capture_time = asked,
+        order_exact = all_known,
         "listed the store (objects not named <sha256>.tar.gz are ignored)"
     );
-    Ok(checkpoints)
+    Ok((keyed.into_iter().map(|(_, c)| c).collect(), all_known))
+}
+fn whole_second(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The capture time each checkpoint's metadata claims (`Some(None)`: it claims
+/// none), asked [`HEADS_IN_FLIGHT`] at a time. One that cannot be asked (deleted
+/// since the listing, a failed request) gives `None`: it sorts first in its second
+/// this time and is asked again next time. The order is never a reason to fail a
+/// listing.
+fn capture_times(
+    store: &dyn ObjectStore,
+    infos: &[&CheckpointInfo],
+) -> Vec<Option<Option<SystemTime>>> {
+    let ask = |info: &CheckpointInfo| match store.head(&info.id.object_name()) {
+        Ok(meta) => Some(decode_captured(&meta.metadata)),
+        Err(e) => {
+            tracing::warn!(checkpoint = %info.id, error = %e, "could not read the capture time");
+            None
+        }
+    };
+    let per_thread = infos.len().div_ceil(HEADS_IN_FLIGHT).max(1);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = infos
+            .chunks(per_thread)
+            .map(|chunk| {
+                scope.spawn(move || chunk.iter().map(|info| ask(info)).collect::<Vec<_>>())
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("capture time thread"))
+            .collect()
+    })
 }
 
 /// Resolves a full digest or an unambiguous prefix of one. A full digest is taken
@@ -608,6 +751,111 @@ fn copy_with_progress(
 mod tests {
     use super::*;
     use crate::store::local::LocalStore;
+
+    /// A listing and its metadata, counting `head`s: only the order of `list` is
+    /// tested with it.
+    struct Listed {
+        objects: Vec<(ObjectInfo, BTreeMap<String, String>)>,
+        heads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ObjectStore for Listed {
+        fn describe(&self) -> String {
+            "listed".into()
+        }
+        fn list(&self) -> Result<Vec<ObjectInfo>, StoreError> {
+            Ok(self.objects.iter().map(|(info, _)| info.clone()).collect())
+        }
+        fn get(&self, _: &str) -> Result<crate::store::ObjectReader, StoreError> {
+            unreachable!("listing reads no object")
+        }
+        fn exists(&self, name: &str) -> Result<bool, StoreError> {
+            Ok(self.objects.iter().any(|(info, _)| info.name == name))
+        }
+        fn head(&self, name: &str) -> Result<crate::store::ObjectMeta, StoreError> {
+            self.heads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (info, metadata) = self
+                .objects
+                .iter()
+                .find(|(info, _)| info.name == name)
+                .ok_or_else(|| StoreError::NotFound { name: name.into() })?;
+            Ok(crate::store::ObjectMeta {
+                length: info.size,
+                metadata: metadata.clone(),
+            })
+        }
+        fn put(
+            &self,
+            _: &str,
+            _: &Path,
+            _: &BTreeMap<String, String>,
+            _: PutMode,
+            _: Progress<'_>,
+        ) -> Result<PutOutcome, StoreError> {
+            unreachable!("listing stores nothing")
+        }
+    }
+
+    #[test]
+    fn checkpoints_of_one_second_are_ordered_by_capture_time_and_only_they_are_asked() {
+        let at = |secs: u64, millis: u64| {
+            UNIX_EPOCH + std::time::Duration::from_millis(secs * 1000 + millis)
+        };
+        let id = |n: u8| CheckpointId(format!("{n:02x}").repeat(32));
+        // (id, store time, captured): ids in reverse of capture order within the
+        // tied second, so that digest order is the wrong answer.
+        let objects: Vec<(u8, SystemTime, Option<&str>)> = vec![
+            (9, at(100, 0), Some("1970-01-01T00:01:39.5Z")),
+            (8, at(200, 0), Some("1970-01-01T00:03:20.100Z")),
+            (7, at(200, 0), Some("1970-01-01T00:03:20.050Z")),
+            (6, at(200, 0), None),
+            (5, at(200, 0), Some("not a time")),
+            (4, at(200, 0), Some("1970-01-01T00:03:19.999Z")),
+            (3, at(300, 0), Some("1970-01-01T00:00:00Z")),
+        ];
+        let store = Listed {
+            objects: objects
+                .iter()
+                .map(|&(n, last_modified, captured)| {
+                    let metadata = captured
+                        .map(|c| BTreeMap::from([(CAPTURED_KEY.to_owned(), c.to_owned())]))
+                        .unwrap_or_default();
+                    let info = ObjectInfo {
+                        name: id(n).object_name(),
+                        size: 1,
+                        last_modified,
+                    };
+                    (info, metadata)
+                })
+                .collect(),
+            heads: Default::default(),
+        };
+        let mut known = CaptureTimes::default();
+        let mut list = |exact| {
+            let (listed, all_exact) = list_ordered(&store, &mut known, exact).unwrap();
+            let order: Vec<CheckpointId> = listed.into_iter().map(|c| c.id).collect();
+            let heads = store.heads.load(std::sync::atomic::Ordering::SeqCst);
+            (order, all_exact, heads)
+        };
+        // Only the newest is asked for: alone in its second, it needs no request,
+        // and the second before stays in digest order.
+        let by_digest = vec![id(9), id(4), id(5), id(6), id(7), id(8), id(3)];
+        assert_eq!(list(Exact::Newest(1)), (by_digest, false, 0));
+        // The newest two: their second is asked for, all of it. Without a capture
+        // time (none, or unreadable) first, by digest; then by the claimed time, even
+        // one before the second; alone in its second, a checkpoint keeps its place
+        // whatever it claims.
+        let want = vec![id(9), id(5), id(6), id(4), id(7), id(8), id(3)];
+        // Two requests: the two newest of that second are asked for.
+        let partly = vec![id(9), id(4), id(5), id(6), id(7), id(8), id(3)];
+        assert_eq!(list(Exact::Requests(2)), (partly, false, 2));
+        assert_eq!(list(Exact::Newest(2)), (want.clone(), true, 5));
+        assert_eq!(
+            list(Exact::All),
+            (want, true, 5),
+            "capture times are asked once"
+        );
+    }
 
     /// Stores `bytes` under `id` with `metadata`, as another writer could have.
     fn planted(metadata: &[(&str, &str)]) -> (tempfile::TempDir, LocalStore, CheckpointId) {

@@ -11,7 +11,12 @@ use crate::cli::{CatArgs, Cli};
 use crate::review::tree::open_file;
 
 pub(super) fn run(cli: &Cli, args: &CatArgs) -> Result<i32> {
-    let session = Session::open(cli, &args.store, &args.review)?;
+    let session = Session::open(
+        cli,
+        &args.store,
+        &args.review,
+        crate::review::exact_for(&[args.checkpoint.as_str()]),
+    )?;
     let info = session.resolve(&args.checkpoint)?;
     let checkpoint = session.load(info)?;
     session.trim(&[&info.id]);

@@ -15,7 +15,12 @@ use crate::review::diff::{self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, 
 use crate::review::tree::FileReader;
 
 pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
-    let session = Session::open(cli, &args.store, &args.review)?;
+    let session = Session::open(
+        cli,
+        &args.store,
+        &args.review,
+        crate::review::exact_for(&[args.old.as_str(), args.new.as_str()]),
+    )?;
     let (old_info, new_info) = (session.resolve(&args.old)?, session.resolve(&args.new)?);
     let old = session.load(old_info)?;
     let new = session.load(new_info)?;

@@ -16,7 +16,12 @@ pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
         .map(PathFilter::new)
         .transpose()
         .context("bad PATTERN")?;
-    let session = Session::open(cli, &args.store, &args.review)?;
+    let session = Session::open(
+        cli,
+        &args.store,
+        &args.review,
+        crate::review::exact_for(&[args.checkpoint.as_str()]),
+    )?;
     let info = session.resolve(&args.checkpoint)?;
     let checkpoint = session.load(info)?;
     session.trim(&[&info.id]);

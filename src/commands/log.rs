@@ -22,7 +22,12 @@ struct Turn<'a> {
 }
 
 pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
-    let session = Session::open(cli, &args.store, &args.review)?;
+    let session = Session::open(
+        cli,
+        &args.store,
+        &args.review,
+        crate::checkpoint::Exact::All,
+    )?;
     let mut turns = Vec::with_capacity(session.listing.len());
     let nothing = empty_index();
     let mut previous: Option<(&CheckpointInfo, Arc<VerifiedCheckpoint>)> = None;

@@ -75,7 +75,9 @@ fn open_config(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>> {
 /// an unambiguous prefix of one, `latest` or `latest~N`.
 fn resolve_name(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId> {
     if given.trim().starts_with("latest") {
-        let listing = checkpoint::list(store)?;
+        let exact = crate::review::exact_for(&[given]);
+        let (listing, _) =
+            checkpoint::list_ordered(store, &mut checkpoint::CaptureTimes::default(), exact)?;
         return Ok(crate::review::resolve(&listing, given)?.id.clone());
     }
     Ok(checkpoint::resolve(store, given)?)

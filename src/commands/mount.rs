@@ -47,9 +47,10 @@ pub(super) fn run(cli: &Cli, args: &MountArgs) -> Result<i32> {
 fn serve(cli: &Cli, args: &MountArgs) -> Result<()> {
     raise_open_file_limit();
     let fs = build_filesystem(cli, args)?;
-    fs.refresh()
+    let exact = fs
+        .first_listing()
         .with_context(|| format!("cannot list {}", args.store))?;
-    spawn_refresher(Arc::downgrade(&fs), args.refresh);
+    spawn_refresher(Arc::downgrade(&fs), args.refresh, exact);
 
     let options = MountOptions {
         mountpoint: args.mountpoint.clone(),
@@ -257,12 +258,16 @@ fn raise_open_file_limit() {
     tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
 }
 
-fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration) {
+/// Lists the store every `every`; at once if the first listing's order was not
+/// exact throughout (see `CheckpointFs::first_listing`).
+fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration, exact: bool) {
     std::thread::Builder::new()
         .name("ckptfs-refresh".into())
         .spawn(move || {
+            let mut wait = if exact { every } else { Duration::ZERO };
             loop {
-                std::thread::sleep(every.max(Duration::from_millis(200)));
+                std::thread::sleep(wait);
+                wait = every.max(Duration::from_millis(200));
                 let Some(fs) = fs.upgrade() else { return };
                 if let Err(e) = fs.refresh() {
                     tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");

@@ -33,11 +33,16 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// Lists the store, then opens the cache.
-    pub fn open(cli: &Cli, store_url: &str, args: &ReviewArgs) -> Result<Session> {
+    /// Lists the store, its order exact as far as `exact` asks, then opens the cache.
+    pub fn open(
+        cli: &Cli,
+        store_url: &str,
+        args: &ReviewArgs,
+        exact: checkpoint::Exact,
+    ) -> Result<Session> {
         let store = open_store(cli, store_url, DEFAULT_PART_SIZE)?;
-        let listing =
-            checkpoint::list(store.as_ref()).with_context(|| format!("cannot list {store_url}"))?;
+        let (listing, _) = checkpoint::list_ordered(store.as_ref(), &mut Default::default(), exact)
+            .with_context(|| format!("cannot list {store_url}"))?;
         let (cache, temp) = open_cache(args)?;
         Ok(Session {
             store,

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use super::inode::{self, Inode};
 use super::loader::Load;
 use super::{DirEntry, FileKind};
-use crate::checkpoint::{self, CheckpointId, CheckpointInfo};
+use crate::checkpoint::{self, CaptureTimes, CheckpointId, CheckpointInfo, Exact};
 use crate::store::{ObjectStore, StoreError};
 
 /// One checkpoint as the mount knows it.
@@ -55,15 +55,28 @@ impl Listing {
     }
 }
 
-/// The `by-time/` name of a checkpoint: its time, then the first digits of its id,
-/// so that name order is time order.
-pub fn by_time_name(info: &CheckpointInfo) -> Vec<u8> {
-    format!(
-        "{}-{}",
-        humantime::format_rfc3339_seconds(info.last_modified),
-        info.id.short()
-    )
-    .into_bytes()
+/// The `by-time/` names of checkpoints listed in order: the store's time to the
+/// second, then the first digits of the id, so that name order is time order.
+/// Checkpoints that share their second are numbered in their order after it
+/// (`…:05Z-1-<id>`, `…:05Z-2-<id>`, zero-padded so that names sort as numbers): their
+/// digits alone would sort them at random.
+pub fn by_time_names<'a>(infos: impl IntoIterator<Item = &'a CheckpointInfo>) -> Vec<Vec<u8>> {
+    let infos: Vec<&CheckpointInfo> = infos.into_iter().collect();
+    let second =
+        |info: &CheckpointInfo| humantime::format_rfc3339_seconds(info.last_modified).to_string();
+    let mut names = Vec::with_capacity(infos.len());
+    for group in infos.chunk_by(|a, b| second(a) == second(b)) {
+        let width = group.len().to_string().len();
+        for (rank, info) in group.iter().enumerate() {
+            let name = if group.len() == 1 {
+                format!("{}-{}", second(info), info.id.short())
+            } else {
+                format!("{}-{:0width$}-{}", second(info), rank + 1, info.id.short())
+            };
+            names.push(name.into_bytes());
+        }
+    }
+    names
 }
 
 fn dir_entry(ino: u64, kind: FileKind, name: &[u8]) -> DirEntry {
@@ -87,6 +100,8 @@ pub struct Catalog {
     current: RwLock<Arc<Listing>>,
     /// Serialises the writers of `current` (refresh, add); readers never take it.
     writer: Mutex<Pinned>,
+    /// What refreshes learnt of checkpoints' capture times (see `checkpoint::list_ordered`).
+    capture_times: Mutex<CaptureTimes>,
 }
 
 /// Checkpoints this mount stored, shown before a listing of the store includes them.
@@ -101,6 +116,7 @@ impl Catalog {
             slots: RwLock::new(Slots::default()),
             current: RwLock::new(Arc::new(empty)),
             writer: Mutex::new(Pinned::default()),
+            capture_times: Mutex::new(CaptureTimes::default()),
         }
     }
 
@@ -146,14 +162,18 @@ impl Catalog {
         slot
     }
 
-    /// Lists the store and swaps in the new listing. On failure the previous
+    /// Lists the store and swaps in the new listing, its order exact as far as
+    /// `exact` asks; returns whether the whole order is exact. On failure the previous
     /// checkpoints stay, and the error shows in `.status`.
-    pub fn refresh(&self, store: &dyn ObjectStore) -> Result<(), StoreError> {
-        let listed = checkpoint::list(store);
+    pub fn refresh(&self, store: &dyn ObjectStore, exact: Exact) -> Result<bool, StoreError> {
+        let listed = {
+            let mut known = self.capture_times.lock().expect("capture times lock");
+            checkpoint::list_ordered(store, &mut known, exact)
+        };
         let mut pinned = self.writer.lock().expect("listing writer");
         let previous = self.snapshot();
         let (infos, error, listed_at) = match &listed {
-            Ok(infos) => {
+            Ok((infos, _)) => {
                 // Once the store lists what this mount stored, it needs no pin.
                 for info in infos {
                     pinned.0.remove(&info.id);
@@ -185,7 +205,7 @@ impl Catalog {
         };
         let listing = build(self.read_only, order, listed_at, error, changed_at);
         *self.current.write().expect("listing lock") = Arc::new(listing);
-        listed.map(drop)
+        listed.map(|(_, exact)| exact)
     }
 
     /// Shows a checkpoint this mount just stored, at once; returns its slot.
@@ -210,15 +230,15 @@ impl Catalog {
         slot
     }
 
-    /// The slots of `infos`, oldest first (ties broken by digest).
+    /// The slots of `infos`, in the order given (the store's, then what this mount
+    /// stored since: see `checkpoint::list_ordered`), each once.
     fn order(&self, infos: Vec<CheckpointInfo>) -> Vec<Arc<Slot>> {
         let mut seen = HashSet::new();
-        let mut infos: Vec<_> = infos
-            .into_iter()
+        infos
+            .iter()
             .filter(|info| seen.insert(info.id.clone()))
-            .collect();
-        infos.sort_by(|a, b| (a.last_modified, &a.id).cmp(&(b.last_modified, &b.id)));
-        infos.iter().map(|info| self.slot_for(info)).collect()
+            .map(|info| self.slot_for(info))
+            .collect()
     }
 }
 
@@ -246,7 +266,8 @@ fn build(
         dir_entry(inode::BY_TIME, FileKind::Directory, b"."),
         dir_entry(inode::ROOT, FileKind::Directory, b".."),
     ];
-    for slot in &order {
+    let names = by_time_names(order.iter().map(|slot| &slot.info));
+    for (slot, name) in order.iter().zip(names) {
         root.push(dir_entry(
             Inode::Node {
                 slot: slot.index,
@@ -259,7 +280,7 @@ fn build(
         by_time.push(dir_entry(
             Inode::ByTimeLink { slot: slot.index }.encode(),
             FileKind::Symlink,
-            &by_time_name(&slot.info),
+            &name,
         ));
     }
     let names = |entries: &[DirEntry]| -> HashMap<Vec<u8>, u64> {
@@ -278,5 +299,47 @@ fn build(
         listed_at,
         error,
         changed_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn checkpoints_sharing_a_second_are_numbered_so_that_names_sort_in_their_order() {
+        let info = |n: u8, secs: u64| CheckpointInfo {
+            id: CheckpointId::parse(&format!("{:02x}", 255 - n).repeat(32)).unwrap(),
+            size: 1,
+            last_modified: UNIX_EPOCH + Duration::from_millis(secs * 1000 + n as u64),
+        };
+        let mut infos = vec![info(0, 5)];
+        infos.extend((1..=11).map(|n| info(n, 7)));
+        infos.push(info(12, 9));
+        let names: Vec<String> = by_time_names(&infos)
+            .into_iter()
+            .map(|n| String::from_utf8(n).unwrap())
+            .collect();
+        assert_eq!(
+            names[0],
+            format!("1970-01-01T00:00:05Z-{}", infos[0].id.short())
+        );
+        assert_eq!(
+            names[1],
+            format!("1970-01-01T00:00:07Z-01-{}", infos[1].id.short())
+        );
+        assert_eq!(
+            names[11],
+            format!("1970-01-01T00:00:07Z-11-{}", infos[11].id.short())
+        );
+        assert_eq!(
+            names[12],
+            format!("1970-01-01T00:00:09Z-{}", infos[12].id.short())
+        );
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "name order is the listing's order");
     }
 }

@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::archive::Limits;
 use crate::cache::Cache;
+use crate::checkpoint::Exact;
 use crate::store::{ObjectStore, StoreError};
 
 use checkpoints::{Checkpoints, Owners};
@@ -135,6 +136,10 @@ pub struct DirEntry {
     pub kind: FileKind,
     pub name: Vec<u8>,
 }
+
+/// The most capture times a mount's first listing asks for (see
+/// [`CheckpointFs::first_listing`]).
+const FIRST_LISTING_REQUESTS: usize = 32;
 
 /// The handle of reads of files that were not opened through the daemon (see
 /// [`CheckpointFs::open_is_free`]); no open ever returns it.
@@ -318,10 +323,22 @@ impl CheckpointFs {
         let _ = self.kernel.set(kernel);
     }
 
-    /// Lists the store and swaps in the new listing. On failure the previous listing
-    /// stays, and the error shows in `.status`.
+    /// Lists the store and swaps in the new listing, in capture order. On failure the
+    /// previous listing stays, and the error shows in `.status`.
     pub fn refresh(&self) -> Result<(), StoreError> {
-        self.catalog.refresh(self.store.as_ref())
+        self.catalog
+            .refresh(self.store.as_ref(), Exact::All)
+            .map(drop)
+    }
+
+    /// The first listing of a mount: at most [`FIRST_LISTING_REQUESTS`] capture times
+    /// are asked for, newest first (enough for `latest` and the last turns unless a
+    /// second holds more), so that a store filled in bursts does not hold the mount
+    /// up with a `HeadObject` per checkpoint. Returns whether the whole order is
+    /// exact; if not, a [`refresh`](Self::refresh) at once completes it.
+    pub fn first_listing(&self) -> Result<bool, StoreError> {
+        self.catalog
+            .refresh(self.store.as_ref(), Exact::Requests(FIRST_LISTING_REQUESTS))
     }
 
     fn subtree(&self, owner: Owner) -> &dyn Subtree {

@@ -42,16 +42,27 @@ pub enum NameError {
     Checkpoint(#[from] CheckpointError),
 }
 
-/// The checkpoint of `listing` (oldest first, as [`checkpoint::list`] gives it) that
-/// `given` names: a sha256 or an unambiguous prefix of one, `latest` (the newest),
-/// `latest~N` (the N-th before the newest; `latest~0` is `latest`, `latest~` is
-/// `latest~1`).
-pub fn resolve<'a>(
-    listing: &'a [CheckpointInfo],
-    given: &str,
-) -> Result<&'a CheckpointInfo, NameError> {
-    let trimmed = given.trim();
-    let back = match trimmed.strip_prefix("latest") {
+/// How many turns before the newest `given` names (`latest` 0, `latest~` 1,
+/// `latest~N` N), if it is such a name.
+pub fn steps_back(given: &str) -> Option<usize> {
+    latest_back(given.trim()).ok().flatten()
+}
+
+/// The part of a listing's order that resolving `names` relies on: the newest
+/// turns, as far back as the furthest `latest~N` (a sha256 needs no order).
+pub fn exact_for(names: &[&str]) -> checkpoint::Exact {
+    let newest = names
+        .iter()
+        .filter_map(|name| steps_back(name))
+        .map(|back| back.saturating_add(1))
+        .max()
+        .unwrap_or(1);
+    checkpoint::Exact::Newest(newest)
+}
+
+/// `None` for a name that does not start with `latest`.
+fn latest_back(trimmed: &str) -> Result<Option<usize>, NameError> {
+    Ok(match trimmed.strip_prefix("latest") {
         Some("") => Some(0),
         Some(rest) => match rest.strip_prefix('~') {
             Some("") => Some(1),
@@ -62,7 +73,19 @@ pub fn resolve<'a>(
             _ => return Err(NameError::NotAName(trimmed.to_owned())),
         },
         None => None,
-    };
+    })
+}
+
+/// The checkpoint of `listing` (oldest first, as [`checkpoint::list`] gives it) that
+/// `given` names: a sha256 or an unambiguous prefix of one, `latest` (the newest),
+/// `latest~N` (the N-th before the newest; `latest~0` is `latest`, `latest~` is
+/// `latest~1`).
+pub fn resolve<'a>(
+    listing: &'a [CheckpointInfo],
+    given: &str,
+) -> Result<&'a CheckpointInfo, NameError> {
+    let trimmed = given.trim();
+    let back = latest_back(trimmed)?;
     let Some(back) = back else {
         let stem = trimmed.strip_suffix(".tar.gz").unwrap_or(trimmed);
         if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_hexdigit()) {

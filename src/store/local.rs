@@ -209,6 +209,21 @@ impl ObjectStore for LocalStore {
         })
     }
 
+    fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
+        let path = self.path(name);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() => Ok(ObjectMeta {
+                length: meta.len(),
+                metadata: self.read_sidecar(name),
+            }),
+            Ok(_) => Err(StoreError::NotFound { name: name.into() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound { name: name.into() })
+            }
+            Err(e) => Err(StoreError::io("stat", &path, e)),
+        }
+    }
+
     fn exists(&self, name: &str) -> Result<bool, StoreError> {
         let path = self.path(name);
         match fs::symlink_metadata(&path) {

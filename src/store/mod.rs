@@ -146,6 +146,10 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
 
+    /// The object's length and user metadata, without reading it (`HeadObject`).
+    /// Fails with [`StoreError::NotFound`] when there is no such object.
+    fn head(&self, name: &str) -> Result<ObjectMeta, StoreError>;
+
     /// Stores the file at `path` as `name` with the user metadata `metadata`; with
     /// [`PutMode::IfAbsent`], only if `name` does not exist. The file must not change
     /// while it is stored.

@@ -713,6 +713,27 @@ impl ObjectStore for S3Store {
         self.runtime.block_on(self.exists_async(name))
     }
 
+    fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
+        let response = self.runtime.block_on(
+            self.client
+                .head_object()
+                .bucket(&self.bucket)
+                .key(self.key(name))
+                .send(),
+        );
+        match response {
+            Ok(r) => Ok(ObjectMeta {
+                length: r.content_length().unwrap_or(0).max(0) as u64,
+                metadata: r
+                    .metadata()
+                    .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .unwrap_or_default(),
+            }),
+            Err(e) if is_not_found(&e) => Err(StoreError::NotFound { name: name.into() }),
+            Err(e) => Err(self.remote_error("HeadObject", name, &e)),
+        }
+    }
+
     fn abort_uploads(&self, name: &str) -> Result<usize, StoreError> {
         let key = self.key(name);
         self.runtime.block_on(async {

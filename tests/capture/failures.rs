@@ -10,7 +10,9 @@ use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::proxy::CuttingProxy;
 use crate::util::sys::assert_errno;
 use crate::util::tree::{assert_same_tree, make_random_tree, make_small_tree, write_file};
-use crate::util::{ObjectMeta, TestStore, ckptfs, parse_verify_output, run, s3_endpoint};
+use crate::util::{
+    TestStore, assert_recent_capture_time, ckptfs, parse_verify_output, run, s3_endpoint,
+};
 
 /// Asserts what every failed seal leaves: the staged workspace as it was, nothing under
 /// `commit/`, an empty bucket, and the failure in `.status`.
@@ -170,13 +172,12 @@ fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
     assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
     assert!(store.multipart_uploads().is_empty());
     let size = store.object_bytes(&sha).expect("the object").len();
+    let meta = store.object_meta(&sha).expect("the object's metadata");
     assert_eq!(
-        store.object_meta(&sha),
-        Some(ObjectMeta {
-            sha256: Some(sha.clone()),
-            size: Some(size.to_string()),
-        })
+        (meta.sha256.as_deref(), meta.size.clone()),
+        (Some(sha.as_str()), Some(size.to_string()))
     );
+    assert_recent_capture_time(&meta);
     let out = run(ckptfs().arg("verify").arg(store.url())).success();
     assert_eq!(parse_verify_output(&out)[&sha], "ok", "{out}");
     assert_same_tree(&tree, &mount.join(&sha));

@@ -14,7 +14,7 @@ use crate::util::tree::{
     assert_same_tree, fix_mtimes, make_random_tree, make_small_tree, make_turn_tree,
 };
 use crate::util::{
-    ObjectMeta, TestStore, ckptfs, is_sha256_hex, logged_count, parse_put_output,
+    TestStore, assert_recent_capture_time, ckptfs, is_sha256_hex, logged_count, parse_put_output,
     parse_verify_output, run, sha256_hex,
 };
 
@@ -70,13 +70,12 @@ fn a_workspace_sealed_with_mv_is_what_put_stores() {
     );
     let bytes = store.object_bytes(&sha).expect("the sealed object exists");
     assert_eq!(sha256_hex(&bytes), sha, "the object hashes to its name");
+    let meta = store.object_meta(&sha).expect("the object's metadata");
     assert_eq!(
-        store.object_meta(&sha),
-        Some(ObjectMeta {
-            sha256: Some(sha.clone()),
-            size: Some(bytes.len().to_string()),
-        })
+        (meta.sha256.as_deref(), meta.size.clone()),
+        (Some(sha.as_str()), Some(bytes.len().to_string()))
     );
+    assert_recent_capture_time(&meta);
     assert!(
         store.multipart_uploads().is_empty(),
         "no upload left pending"

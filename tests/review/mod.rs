@@ -46,6 +46,8 @@ both_stores!(
     names_take_prefixes_and_latest_n,
     a_corrupt_checkpoint_is_a_one_line_error,
     cache_dir_is_filled_and_reused_unless_a_mount_holds_it,
+    turns_taken_within_one_second_keep_their_order,
+    turns_put_at_once_are_listed_by_capture_time,
 );
 
 /// More than a second, so that S3 LastModified and file times order the turns.
@@ -724,4 +726,106 @@ fn cache_dir_is_filled_and_reused_unless_a_mount_holds_it(store: &TestStore) {
             && out.stderr.contains("Checkpoint checksum mismatch"),
         "{out}"
     );
+}
+
+/// Six turns put in a loop, several within one second (S3 gives whole seconds, and
+/// the digests order them at random): `ls`, `latest~N`, `cat` and a mount's `latest`
+/// and `by-time/` give the order they were taken in.
+fn turns_taken_within_one_second_keep_their_order(store: &TestStore) {
+    let work = temp_dir();
+    let w = work.path().join("w");
+    make_dir(&w);
+    let mut shas = Vec::new();
+    for turn in 1..=6 {
+        write_file(&w.join("f"), format!("turn {turn}\n").as_bytes(), 0o644);
+        shas.push(store.put(&w, &[]).0);
+    }
+    let ls = store.cmd("ls", [] as [&str; 0]).success();
+    let listed: Vec<Vec<&str>> = ls
+        .lines()
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let order: Vec<&str> = listed.iter().map(|fields| fields[0]).collect();
+    assert_eq!(
+        order, shas,
+        "ls lists the turns as they were taken:\n{}",
+        ls.stdout
+    );
+    assert!(
+        listed.windows(2).any(|pair| pair[0][2] == pair[1][2]),
+        "no two turns share a second, so the order was not put to the test:\n{}",
+        ls.stdout
+    );
+    for (n, want) in [(0, "turn 6\n"), (1, "turn 5\n"), (5, "turn 1\n")] {
+        let name = format!("latest~{n}");
+        let out = store.cmd("cat", [name.as_str(), "f"]).success();
+        assert_eq!(out.stdout, want, "cat {name} f");
+    }
+
+    let mount = Mount::new(store).start();
+    assert_eq!(
+        fs::read_link(mount.join("latest")).unwrap(),
+        std::path::PathBuf::from(&shas[5])
+    );
+    assert_eq!(
+        fs::read_to_string(mount.join("latest/f")).unwrap(),
+        "turn 6\n"
+    );
+    let mut by_time: Vec<String> = fs::read_dir(mount.join("by-time"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    by_time.sort();
+    let targets: Vec<String> = by_time
+        .iter()
+        .map(|name| {
+            let link = fs::read_link(mount.join("by-time").join(name)).unwrap();
+            link.to_str().unwrap().trim_start_matches("../").to_owned()
+        })
+        .collect();
+    assert_eq!(targets, shas, "by-time/ in name order: {by_time:?}");
+}
+
+/// Two writers putting at the same moment (two replicas): the listing follows the
+/// capture times the objects carry.
+fn turns_put_at_once_are_listed_by_capture_time(store: &TestStore) {
+    let work = temp_dir();
+    let dirs: Vec<_> = (0..4)
+        .map(|n| {
+            let dir = work.path().join(format!("replica-{n}"));
+            make_dir(&dir);
+            write_file(&dir.join("f"), format!("replica {n}\n").as_bytes(), 0o644);
+            dir
+        })
+        .collect();
+    let shas: Vec<String> = std::thread::scope(|scope| {
+        let puts: Vec<_> = dirs
+            .iter()
+            .map(|dir| scope.spawn(move || store.put(dir, &[]).0))
+            .collect();
+        puts.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    let ls = store.cmd("ls", [] as [&str; 0]).success();
+    let order: Vec<String> = ls
+        .lines()
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect();
+    let mut by_capture: Vec<(String, String, String)> = shas
+        .iter()
+        .map(|sha| {
+            let listed = ls
+                .lines()
+                .into_iter()
+                .find(|l| l.starts_with(sha.as_str()))
+                .unwrap();
+            let second = listed.split_whitespace().nth(2).unwrap().to_owned();
+            let captured = store.object_meta(sha).and_then(|m| m.captured);
+            (second, captured.expect("a capture time"), sha.clone())
+        })
+        .collect();
+    by_capture.sort();
+    let want: Vec<String> = by_capture.into_iter().map(|(_, _, sha)| sha).collect();
+    assert_eq!(order, want, "ls:\n{}", ls.stdout);
 }

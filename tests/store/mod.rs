@@ -844,6 +844,10 @@ fn archives_are_readable_by_other_tools(store: &TestStore) {
                 serde_json::json!(size.to_string()),
                 "{out}"
             );
+            let captured = info["metadata"]["captured"]
+                .as_str()
+                .expect("a capture time");
+            humantime::parse_rfc3339(captured).expect("an RFC 3339 capture time");
         }
         TestStore::Local(dir) => {
             let object = dir.path().join(format!("{sha}.tar.gz"));
@@ -853,9 +857,11 @@ fn archives_are_readable_by_other_tools(store: &TestStore) {
             let sidecar = fs::read_to_string(dir.path().join(format!("{sha}.tar.gz.meta.json")))
                 .expect("sidecar");
             let meta: serde_json::Value = serde_json::from_str(&sidecar).unwrap();
+            let captured = meta["captured"].as_str().expect("a capture time");
+            humantime::parse_rfc3339(captured).expect("an RFC 3339 capture time");
             assert_eq!(
                 meta,
-                serde_json::json!({"sha256": sha, "size": size}),
+                serde_json::json!({"sha256": sha, "size": size, "captured": captured}),
                 "{sidecar}"
             );
             fs::copy(&object, &archive).unwrap();

@@ -355,6 +355,24 @@ pub enum TestStore {
 pub struct ObjectMeta {
     pub sha256: Option<String>,
     pub size: Option<String>,
+    pub captured: Option<String>,
+}
+
+/// The object carries a capture time, and it is of the last minute.
+#[track_caller]
+pub fn assert_recent_capture_time(meta: &ObjectMeta) {
+    let captured = meta
+        .captured
+        .as_deref()
+        .expect("a capture time in the metadata");
+    let at = humantime::parse_rfc3339(captured).expect("an RFC 3339 capture time");
+    let age = std::time::SystemTime::now()
+        .duration_since(at)
+        .expect("a capture time in the past");
+    assert!(
+        age < std::time::Duration::from_secs(60),
+        "captured {captured}"
+    );
 }
 
 impl TestStore {
@@ -478,6 +496,7 @@ impl TestStore {
                 Some(ObjectMeta {
                     sha256: field("sha256"),
                     size: field("size"),
+                    captured: field("captured"),
                 })
             }
             TestStore::S3 { .. } => {
@@ -495,6 +514,7 @@ impl TestStore {
                             Some(ObjectMeta {
                                 sha256: meta.get("sha256").cloned(),
                                 size: meta.get("size").cloned(),
+                                captured: meta.get("captured").cloned(),
                             })
                         }
                         Err(e) if is_not_found(&e) => None,

@@ -62,6 +62,10 @@ impl ObjectStore for FaultyStore {
         self.inner.list()
     }
 
+    fn head(&self, name: &str) -> Result<crate::store::ObjectMeta, StoreError> {
+        self.inner.head(name)
+    }
+
     fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
         self.faults.gets.fetch_add(1, Ordering::SeqCst);
         let delay = self.faults.get_delay_ms.load(Ordering::SeqCst);
