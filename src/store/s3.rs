@@ -640,6 +640,19 @@ fn is_not_found<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bool {
             .is_some_and(|c| c == "NoSuchKey" || c == "NotFound")
 }
 
+/// What a `GetObject` or `HeadObject` response says of its object.
+fn object_meta(
+    length: Option<i64>,
+    metadata: Option<&std::collections::HashMap<String, String>>,
+) -> ObjectMeta {
+    ObjectMeta {
+        length: length.unwrap_or(0).max(0) as u64,
+        metadata: metadata
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default(),
+    }
+}
+
 impl ObjectStore for S3Store {
     fn describe(&self) -> String {
         format!("s3://{}/{}", self.bucket, self.prefix)
@@ -691,13 +704,7 @@ impl ObjectStore for S3Store {
             }
             Err(e) => return Err(self.remote_error("GetObject", name, &e)),
         };
-        let meta = ObjectMeta {
-            length: response.content_length().unwrap_or(0).max(0) as u64,
-            metadata: response
-                .metadata()
-                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                .unwrap_or_default(),
-        };
+        let meta = object_meta(response.content_length(), response.metadata());
         Ok(ObjectReader {
             meta,
             body: Box::new(BodyReader {
@@ -722,13 +729,7 @@ impl ObjectStore for S3Store {
                 .send(),
         );
         match response {
-            Ok(r) => Ok(ObjectMeta {
-                length: r.content_length().unwrap_or(0).max(0) as u64,
-                metadata: r
-                    .metadata()
-                    .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                    .unwrap_or_default(),
-            }),
+            Ok(r) => Ok(object_meta(r.content_length(), r.metadata())),
             Err(e) if is_not_found(&e) => Err(StoreError::NotFound { name: name.into() }),
             Err(e) => Err(self.remote_error("HeadObject", name, &e)),
         }
