@@ -13,6 +13,9 @@
 //! (put there by another tool) is still verified by its bytes. `captured` (the
 //! writer's clock when it stored the object, RFC 3339 with nanoseconds) only orders
 //! checkpoints that the store's clock puts in the same second: see [`list`].
+//! `parent` (a sha256) is the checkpoint the writer says this one was made from
+//! (`put --parent`). Neither is covered by the name's digest: both are claims, shown
+//! as such.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -69,17 +72,40 @@ impl fmt::Display for CheckpointId {
 const SHA256_KEY: &str = "sha256";
 const SIZE_KEY: &str = "size";
 const CAPTURED_KEY: &str = "captured";
+const PARENT_KEY: &str = "parent";
 
 /// The user metadata written with a checkpoint object of `size` bytes, stored now.
-fn encode_metadata(id: &CheckpointId, size: u64) -> BTreeMap<String, String> {
-    BTreeMap::from([
+fn encode_metadata(
+    id: &CheckpointId,
+    size: u64,
+    parent: Option<&CheckpointId>,
+) -> BTreeMap<String, String> {
+    let mut metadata = BTreeMap::from([
         (SHA256_KEY.to_owned(), id.as_str().to_owned()),
         (SIZE_KEY.to_owned(), size.to_string()),
         (
             CAPTURED_KEY.to_owned(),
             humantime::format_rfc3339_nanos(SystemTime::now()).to_string(),
         ),
-    ])
+    ]);
+    if let Some(parent) = parent {
+        metadata.insert(PARENT_KEY.to_owned(), parent.as_str().to_owned());
+    }
+    metadata
+}
+
+/// The parent a checkpoint's metadata claims (`put --parent`), if it claims a valid
+/// digest other than its own. A claim: whoever wrote the object chose it.
+pub fn claimed_parent(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+) -> Result<Option<CheckpointId>, StoreError> {
+    let meta = store.head(&id.object_name())?;
+    Ok(meta
+        .metadata
+        .get(PARENT_KEY)
+        .and_then(|p| CheckpointId::parse(p))
+        .filter(|p| p != id))
 }
 
 /// The capture time an object's metadata claims, if it is a valid one.
@@ -531,6 +557,8 @@ pub struct PutOptions<'a> {
     pub threads: usize,
     /// Gzip members of earlier captures (see [`crate::archive::members`]).
     pub members: Option<std::sync::Arc<crate::archive::members::MemberCache>>,
+    /// The checkpoint this one was made from, recorded in its metadata.
+    pub parent: Option<CheckpointId>,
 }
 
 /// Archives `dir` and stores it, unless the same checkpoint is already there.
@@ -553,6 +581,7 @@ pub fn put(
         archive.path(),
         &written,
         options.members.as_deref(),
+        options.parent.as_ref(),
         progress,
     )?;
     tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored");
@@ -621,11 +650,12 @@ pub fn store_archive(
     path: &Path,
     written: &writer::WrittenArchive,
     members: Option<&MemberCache>,
+    parent: Option<&CheckpointId>,
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
     let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
     let name = id.object_name();
-    let metadata = encode_metadata(&id, written.size);
+    let metadata = encode_metadata(&id, written.size, parent);
     let mut copied = 0;
     let mut copied_unchecked = 0;
     let stored = !store.exists(&name)? && {
@@ -892,7 +922,7 @@ mod tests {
     #[test]
     fn metadata_round_trips() {
         let (_dir, store, id) = planted(&[]);
-        let metadata = encode_metadata(&id, 10);
+        let metadata = encode_metadata(&id, 10, None);
         assert_eq!(metadata["sha256"], id.as_str());
         assert_eq!(metadata["size"], "10");
         let claimed = decode_metadata(&metadata);

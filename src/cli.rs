@@ -226,10 +226,14 @@ pub struct LogArgs {
     #[arg(help = STORE_HELP)]
     pub store: String,
     /// One JSON array of {"sha256", "size", "last_modified", "entries", "files",
-    /// "unpacked_bytes", "previous", "added", "modified", "removed", "bytes_added",
-    /// "bytes_removed"}.
+    /// "unpacked_bytes", "previous", "parent", "compared_with", "added", "modified",
+    /// "removed", "bytes_added", "bytes_removed"}.
     #[arg(long)]
     pub json: bool,
+    /// Only CHECKPOINT and the chain of parents it claims (`put --parent`), oldest
+    /// first: one sandbox's turns in a store that several write.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub lineage: Option<String>,
     #[command(flatten)]
     pub review: ReviewArgs,
 }
@@ -328,6 +332,12 @@ pub struct PutArgs {
     pub cache_dir: Option<PathBuf>,
     #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMBER_CACHE_SIZE", help = MEMBER_CACHE_HELP)]
     pub member_cache_size: u64,
+    /// The checkpoint this workspace was made from (a sha256, a prefix of one,
+    /// latest or latest~N; it must be in the store): recorded in the new object's
+    /// metadata, so that `log` compares the new turn with it and `log --lineage`
+    /// follows the chain.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub parent: Option<String>,
 }
 
 const MEMBER_CACHE_HELP: &str = "Bound on the compressed pieces of earlier captures kept in \

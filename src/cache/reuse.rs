@@ -986,7 +986,7 @@ mod tests {
             size: bytes.len() as u64,
             members: Vec::new(),
         };
-        checkpoint::store_archive(store, file.path(), &written, None, &|_, _| {}).unwrap();
+        checkpoint::store_archive(store, file.path(), &written, None, None, &|_, _| {}).unwrap();
         CheckpointId::parse(&sha256).unwrap()
     }
 

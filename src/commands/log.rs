@@ -1,6 +1,9 @@
-//! `ckptfs log STORE [--json]`: the checkpoints oldest first, each with what changed
-//! since the one before. Every checkpoint is verified before anything is printed.
+//! `ckptfs log STORE [--json] [--lineage CHECKPOINT]`: the checkpoints oldest first,
+//! each with what changed since its parent (when its metadata claims one the store
+//! has: `put --parent`) or else since the turn before. Every checkpoint is verified
+//! before anything is printed.
 
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::sync::Arc;
 
@@ -9,7 +12,7 @@ use serde::Serialize;
 
 use super::review_session::Session;
 use crate::cache::VerifiedCheckpoint;
-use crate::checkpoint::CheckpointInfo;
+use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, LogArgs};
 use crate::review::diff::{DiffStats, empty_index};
 use crate::review::tree::{TreeSummary, summarize};
@@ -19,6 +22,11 @@ struct Turn<'a> {
     summary: TreeSummary,
     changes: DiffStats,
     previous: Option<&'a CheckpointInfo>,
+    /// The parent the metadata claims, whether or not the store has it.
+    parent: Option<CheckpointId>,
+    /// What `changes` are counted from: the parent when the store has it, else the
+    /// turn before.
+    base: Option<&'a CheckpointInfo>,
 }
 
 pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
@@ -28,17 +36,50 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         &args.review,
         crate::checkpoint::Exact::All,
     )?;
-    let mut turns = Vec::with_capacity(session.listing.len());
+    let parents: HashMap<&CheckpointId, Option<CheckpointId>> = session
+        .listing
+        .iter()
+        .map(|info| Ok((&info.id, session.claimed_parent(info)?)))
+        .collect::<Result<_>>()?;
+    let listed: HashMap<&CheckpointId, &CheckpointInfo> = session
+        .listing
+        .iter()
+        .map(|info| (&info.id, info))
+        .collect();
+    let shown: Vec<&CheckpointInfo> = match &args.lineage {
+        None => session.listing.iter().collect(),
+        Some(given) => lineage(session.resolve(given)?, &parents, &listed),
+    };
+    let mut turns = Vec::with_capacity(shown.len());
     let nothing = empty_index();
     let mut previous: Option<(&CheckpointInfo, Arc<VerifiedCheckpoint>)> = None;
-    for info in &session.listing {
+    for info in shown {
         let checkpoint = session.load(info)?;
-        let before = previous.as_ref().map_or(&nothing, |(_, p)| &p.index);
+        let parent = parents[&info.id].clone();
+        let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
+        let (base, changes) = match (listed_parent, &previous) {
+            (Some(p), Some((prev, prev_checkpoint))) if p.id == prev.id => (
+                Some(p),
+                DiffStats::between(&prev_checkpoint.index, &checkpoint.index),
+            ),
+            (Some(p), _) => {
+                let parent_checkpoint = session.load(p)?;
+                let changes = DiffStats::between(&parent_checkpoint.index, &checkpoint.index);
+                (Some(p), changes)
+            }
+            (None, Some((prev, prev_checkpoint))) => (
+                Some(*prev),
+                DiffStats::between(&prev_checkpoint.index, &checkpoint.index),
+            ),
+            (None, None) => (None, DiffStats::between(&nothing, &checkpoint.index)),
+        };
         turns.push(Turn {
             info,
             summary: summarize(&checkpoint.index),
-            changes: DiffStats::between(before, &checkpoint.index),
+            changes,
             previous: previous.as_ref().map(|(i, _)| *i),
+            parent,
+            base,
         });
         previous = Some((info, checkpoint));
         session.trim(&[&info.id]);
@@ -60,16 +101,54 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
             writeln!(
                 out,
                 "{}  {}  {} bytes  {} files  +{added} ~{modified} -{removed}  \
-                 +{bytes_added} -{bytes_removed} bytes",
+                 +{bytes_added} -{bytes_removed} bytes{}",
                 humantime::format_rfc3339_seconds(turn.info.last_modified),
                 turn.info.id.short(),
                 turn.info.size,
                 turn.summary.files,
+                parent_note(turn),
             )?;
         }
     }
     out.flush()?;
     Ok(0)
+}
+
+/// The chain of parents `tip` claims, oldest first, as far as the store has them
+/// (a claimed cycle ends where it would repeat).
+fn lineage<'a>(
+    tip: &'a CheckpointInfo,
+    parents: &HashMap<&CheckpointId, Option<CheckpointId>>,
+    listed: &HashMap<&CheckpointId, &'a CheckpointInfo>,
+) -> Vec<&'a CheckpointInfo> {
+    let mut chain = vec![tip];
+    let mut seen = HashSet::from([&tip.id]);
+    while let Some(parent) = parents[&chain[chain.len() - 1].id]
+        .as_ref()
+        .and_then(|p| listed.get(p).copied())
+    {
+        if !seen.insert(&parent.id) {
+            break;
+        }
+        chain.push(parent);
+    }
+    chain.reverse();
+    chain
+}
+
+/// What a turn's line says of its parent; nothing when it claims none (its changes
+/// are then counted from the turn before, as always).
+fn parent_note(turn: &Turn<'_>) -> String {
+    match (&turn.parent, turn.base) {
+        (None, _) => String::new(),
+        (Some(parent), Some(base)) if base.id == *parent => {
+            format!("  parent {} (from metadata)", parent.short())
+        }
+        (Some(parent), _) => format!(
+            "  parent {} (from metadata; not in the store, compared with the turn before)",
+            parent.short()
+        ),
+    }
 }
 
 /// One checkpoint in `--json`.
@@ -82,6 +161,8 @@ struct JsonTurn<'a> {
     files: u64,
     unpacked_bytes: u64,
     previous: Option<&'a str>,
+    parent: Option<&'a str>,
+    compared_with: Option<&'a str>,
     added: u64,
     modified: u64,
     removed: u64,
@@ -89,7 +170,7 @@ struct JsonTurn<'a> {
     bytes_removed: u64,
 }
 
-fn json<'a>(turn: &Turn<'a>) -> JsonTurn<'a> {
+fn json<'a>(turn: &'a Turn<'a>) -> JsonTurn<'a> {
     JsonTurn {
         sha256: turn.info.id.as_str(),
         size: turn.info.size,
@@ -98,6 +179,8 @@ fn json<'a>(turn: &Turn<'a>) -> JsonTurn<'a> {
         files: turn.summary.files,
         unpacked_bytes: turn.summary.unpacked_bytes,
         previous: turn.previous.map(|p| p.id.as_str()),
+        parent: turn.parent.as_ref().map(CheckpointId::as_str),
+        compared_with: turn.base.map(|b| b.id.as_str()),
         added: turn.changes.added,
         modified: turn.changes.modified,
         removed: turn.changes.removed,

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, bail};
 
 use super::{
-    bar, cache_dir, compression_threads, member_cache, open_config, store_config, temp_dir,
+    bar, cache_dir, compression_threads, member_cache, open_config, resolve_name, store_config,
+    temp_dir,
 };
 use crate::checkpoint::{self, PutOptions, StoreOutcome};
 use crate::cli::{Cli, PutArgs};
@@ -26,6 +27,20 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         eprintln!("created the store directory {}", args.store);
     }
     let store = open_config(&config)?;
+    let parent = match &args.parent {
+        Some(given) => {
+            let parent =
+                resolve_name(store.as_ref(), given).with_context(|| format!("--parent {given}"))?;
+            if !store.exists(&parent.object_name())? {
+                bail!(
+                    "--parent {given}: checkpoint {parent} is not in {}",
+                    store.describe()
+                );
+            }
+            Some(parent)
+        }
+        None => None,
+    };
     // Without a cache directory (no HOME), everything is compressed, as before.
     let members = cache_dir(args.cache_dir.as_deref())
         .ok()
@@ -40,6 +55,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             temp_dir: &temp_dir(&args.temp_dir),
             threads: compression_threads(),
             members: members.clone(),
+            parent,
         },
         &|done, total| {
             upload.set_length(total);

@@ -66,6 +66,12 @@ impl Session {
             .with_context(|| format!("checkpoint {}", info.id))
     }
 
+    /// The parent `info`'s metadata claims (`put --parent`), if any.
+    pub fn claimed_parent(&self, info: &CheckpointInfo) -> Result<Option<CheckpointId>> {
+        checkpoint::claimed_parent(self.store.as_ref(), &info.id)
+            .with_context(|| format!("checkpoint {}", info.id))
+    }
+
     /// Lets the cache shrink to its bound (a temporary one: to nothing), keeping the
     /// checkpoints in `keep`.
     pub fn trim(&self, keep: &[&CheckpointId]) {

@@ -391,6 +391,7 @@ impl Sealer {
             temp_dir: &self.config.work_dir,
             threads: self.config.threads,
             members: self.config.members.clone(),
+            parent: None,
         };
         // The uncompressed tar stream is indexed into the cache on a second thread as
         // it is written: the new checkpoint is then served from the very bytes that
@@ -428,6 +429,8 @@ impl Sealer {
             archive.path(),
             &written,
             self.config.members.as_deref(),
+            // Seals record no parent yet (see the README's lineage section).
+            None,
             &|_, _| {},
         );
         let _ = std::fs::remove_file(&journal);

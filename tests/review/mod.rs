@@ -48,6 +48,7 @@ both_stores!(
     cache_dir_is_filled_and_reused_unless_a_mount_holds_it,
     turns_taken_within_one_second_keep_their_order,
     turns_put_at_once_are_listed_by_capture_time,
+    log_follows_each_sandbox_by_its_parents,
 );
 
 /// More than a second, so that S3 LastModified and file times order the turns.
@@ -245,6 +246,8 @@ fn log_lists_each_turn_with_its_changes(store: &TestStore) {
             "unpacked_bytes": HELLO_2.len() + RUN_SH.len() + INNER.len() + DATA_2.len()
                 + BLOB_LEN + LIB_1.len() + NEW.len(),
             "previous": turns.sha(0),
+            "parent": null,
+            "compared_with": turns.sha(0),
             "added": 2,
             "modified": 5,
             "removed": 1,
@@ -828,4 +831,71 @@ fn turns_put_at_once_are_listed_by_capture_time(store: &TestStore) {
     by_capture.sort();
     let want: Vec<String> = by_capture.into_iter().map(|(_, _, sha)| sha).collect();
     assert_eq!(order, want, "ls:\n{}", ls.stdout);
+}
+
+/// Two sandboxes writing one prefix, their turns interleaved in time: `put --parent`
+/// records where each turn came from, `log` counts changes from the parent (and
+/// says so), and `log --lineage` follows one sandbox's chain apart.
+fn log_follows_each_sandbox_by_its_parents(store: &TestStore) {
+    let work = temp_dir();
+    let (a, b) = (work.path().join("a"), work.path().join("b"));
+    make_dir(&a);
+    make_dir(&b);
+    let put = |dir: &std::path::Path, file: &str, text: &str, parent: Option<&str>| {
+        write_file(&dir.join(file), text.as_bytes(), 0o644);
+        let args: Vec<&str> = parent.map(|p| vec!["--parent", p]).unwrap_or_default();
+        store.put(dir, &args).0
+    };
+    let a1 = put(&a, "a.txt", "a 1\n", None);
+    let b1 = put(&b, "b.txt", "b 1\n", None);
+    let a2 = put(&a, "a.txt", "a 2\n", Some(&a1));
+    let b2 = put(&b, "b.txt", "b 2\n", Some("latest~1"));
+    let a3 = put(&a, "a.txt", "a 3\n", Some(&a2[..12]));
+
+    let log = store.cmd("log", [] as [&str; 0]).success();
+    let line_of = |sha: &str| -> String {
+        let short = &sha[..12];
+        let lines = log.lines();
+        let line = lines.iter().find(|l| l.contains(short));
+        line.unwrap_or_else(|| panic!("{short} in log:\n{}", log.stdout))
+            .to_string()
+    };
+    assert_eq!(log.lines().len(), 5, "{}", log.stdout);
+    assert!(!line_of(&b1).contains("parent"), "{}", log.stdout);
+    for (turn, parent) in [(&a2, &a1), (&b2, &b1), (&a3, &a2)] {
+        let line = line_of(turn);
+        assert!(
+            line.contains("+0 ~1 -0")
+                && line.ends_with(&format!("parent {} (from metadata)", &parent[..12])),
+            "{turn} is one change from its parent {parent}: {line}"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&store.cmd("log", ["--json"]).success().stdout).unwrap();
+    let a2_row = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["sha256"] == serde_json::json!(a2))
+        .unwrap();
+    assert_eq!(a2_row["parent"], serde_json::json!(a1));
+    assert_eq!(a2_row["compared_with"], serde_json::json!(a1));
+    assert_eq!(a2_row["previous"], serde_json::json!(b1));
+
+    let lineage = store.cmd("log", ["--lineage", &a3]).success();
+    let shown: Vec<&str> = lineage
+        .lines()
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        shown,
+        [&a1[..12], &a2[..12], &a3[..12]],
+        "{}",
+        lineage.stdout
+    );
+
+    let missing = "0".repeat(64);
+    let refused = store.cmd("put", [a.to_str().unwrap(), "--parent", &missing]);
+    assert_one_line_error(refused, "is not in");
 }

@@ -136,6 +136,7 @@ fn hard_links_share_one_inode_and_count_their_names() {
         temp_dir: store_dir.path(),
         threads: 1,
         members: None,
+        parent: None,
     };
     checkpoint::put(&store, tree.path(), &options, &|_, _| {}).unwrap();
     let (f, _) = fixture(&[]);

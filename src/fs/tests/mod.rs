@@ -171,6 +171,7 @@ pub fn put_tree(store_dir: &Path, files: &[(&str, &[u8])]) -> CheckpointId {
         temp_dir: scratch.path(),
         threads: 1,
         members: None,
+        parent: None,
     };
     checkpoint::put(&store, tree.path(), &options, &|_, _| {})
         .unwrap()
