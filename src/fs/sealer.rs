@@ -372,7 +372,13 @@ impl Sealer {
 
     fn seal_now(&self, name: &[u8]) -> Result<PutReport, FsError> {
         let frozen = self.staging.freeze(name)?;
-        let result = self.seal_frozen(frozen.dir.as_fd());
+        // A workspace started from one checkpoint (`cp -a MNT/<sha>/. staging/NAME/`)
+        // records it as its parent; from several, or none that the mount saw, none.
+        let parent = match frozen.copied_from.len() {
+            1 => frozen.copied_from.iter().next().cloned(),
+            _ => None,
+        };
+        let result = self.seal_frozen(frozen.dir.as_fd(), parent);
         if result.is_ok() {
             if let Err(e) = self.staging.remove_sealed(frozen) {
                 let shown = String::from_utf8_lossy(name);
@@ -384,14 +390,18 @@ impl Sealer {
         result
     }
 
-    fn seal_frozen(&self, dir: BorrowedFd<'_>) -> Result<PutReport, FsError> {
+    fn seal_frozen(
+        &self,
+        dir: BorrowedFd<'_>,
+        parent: Option<CheckpointId>,
+    ) -> Result<PutReport, FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
             max_unpacked: self.config.limits.max_unpacked_bytes,
             temp_dir: &self.config.work_dir,
             threads: self.config.threads,
             members: self.config.members.clone(),
-            parent: None,
+            parent: parent.clone(),
         };
         // The uncompressed tar stream is indexed into the cache on a second thread as
         // it is written: the new checkpoint is then served from the very bytes that
@@ -429,8 +439,7 @@ impl Sealer {
             archive.path(),
             &written,
             self.config.members.as_deref(),
-            // Seals record no parent yet (see the README's lineage section).
-            None,
+            parent.as_ref(),
             &|_, _| {},
         );
         let _ = std::fs::remove_file(&journal);

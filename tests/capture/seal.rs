@@ -322,3 +322,63 @@ fn a_replica_that_opened_turn_n_seals_turn_n_plus_1_by_its_change_only() {
     let bytes = store.object_bytes(&want).expect("the sealed object");
     assert_eq!(sha256_hex(&bytes), want);
 }
+
+/// A workspace started with `cp -a MNT/<sha>/. staging/NAME/` (the kernel copies
+/// large files with `copy_file_range`, which the mount sees) records that checkpoint
+/// as its parent when sealed, and `log` compares the new turn with it; a workspace
+/// made from a local directory records none.
+#[test]
+fn a_workspace_copied_from_one_checkpoint_records_it_as_its_parent() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("capture-parent-");
+    let tree = work.path().join("tree");
+    make_workspace(&tree);
+    let (first, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store).staging().start();
+
+    let seal = |name: &str| -> String {
+        let out = sh(
+            r#"mv "$1/staging/$2" "$1/commit/" && readlink "$1/commit/$2""#,
+            &[mount.path(), Path::new(name)],
+        );
+        assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+        out.stdout.trim().trim_start_matches("../").to_owned()
+    };
+    let from_checkpoint = mount.staged("from-checkpoint");
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(mount.join(&first).join("."))
+        .arg(&from_checkpoint))
+    .success();
+    fs::write(from_checkpoint.join("changed.txt"), "a change\n").unwrap();
+    let second = seal("from-checkpoint");
+    let meta = store.object_meta(&second).expect("the sealed object");
+    assert_eq!(
+        meta.parent.as_deref(),
+        Some(first.as_str()),
+        "{}",
+        mount.log_excerpt()
+    );
+
+    cp_a(&tree, &mount.staged("from-disk"));
+    fs::write(mount.staged("from-disk").join("other.txt"), "other\n").unwrap();
+    let third = seal("from-disk");
+    assert_eq!(
+        store.object_meta(&third).expect("the sealed object").parent,
+        None
+    );
+
+    let log = store.cmd("log", [] as [&str; 0]).success();
+    let line = log
+        .lines()
+        .into_iter()
+        .find(|l| l.contains(&second[..12]))
+        .unwrap()
+        .to_owned();
+    assert!(
+        line.contains("+1 ~0 -0")
+            && line.ends_with(&format!("parent {} (from metadata)", &first[..12])),
+        "{}",
+        log.stdout
+    );
+}

@@ -356,6 +356,7 @@ pub struct ObjectMeta {
     pub sha256: Option<String>,
     pub size: Option<String>,
     pub captured: Option<String>,
+    pub parent: Option<String>,
 }
 
 /// The object carries a capture time, and it is of the last minute.
@@ -497,6 +498,7 @@ impl TestStore {
                     sha256: field("sha256"),
                     size: field("size"),
                     captured: field("captured"),
+                    parent: field("parent"),
                 })
             }
             TestStore::S3 { .. } => {
@@ -515,6 +517,7 @@ impl TestStore {
                                 sha256: meta.get("sha256").cloned(),
                                 size: meta.get("size").cloned(),
                                 captured: meta.get("captured").cloned(),
+                                parent: meta.get("parent").cloned(),
                             })
                         }
                         Err(e) if is_not_found(&e) => None,

@@ -9,6 +9,7 @@ use rustix::fs as rfs;
 
 use super::{Place, StagingTree, os};
 use crate::beneath;
+use crate::checkpoint::CheckpointId;
 use crate::fs::FsError;
 
 /// A workspace frozen for sealing: its directory, opened when it was frozen, and
@@ -17,6 +18,8 @@ pub struct Frozen {
     pub name: Vec<u8>,
     pub dir: OwnedFd,
     inodes: Vec<u64>,
+    /// The checkpoints its files had bytes copied from, as far as this mount saw.
+    pub copied_from: HashSet<CheckpointId>,
 }
 
 impl StagingTree {
@@ -40,10 +43,18 @@ impl StagingTree {
             return Err(FsError::Busy);
         }
         frozen.extend(inodes.iter().copied());
+        let copied_from = {
+            let sources = self.copied_from.lock().expect("copied lock");
+            inodes
+                .iter()
+                .filter_map(|i| sources.get(i).cloned())
+                .collect()
+        };
         Ok(Frozen {
             name: name.to_vec(),
             dir,
             inodes,
+            copied_from,
         })
     }
 
@@ -72,8 +83,10 @@ impl StagingTree {
             beneath::remove_at(&*self.root_fd, name)
         })();
         if result.is_ok() {
+            let mut copied_from = self.copied_from.lock().expect("copied lock");
             for ino in &frozen.inodes {
                 self.files.forget(*ino);
+                copied_from.remove(ino);
             }
         }
         self.thaw(frozen);

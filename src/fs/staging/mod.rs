@@ -49,6 +49,7 @@ pub use freeze::Frozen;
 
 use super::inode;
 use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use crate::checkpoint::CheckpointId;
 
 /// Staged entries change only through this mount, and the kernel drops what each
 /// change makes stale (it learns the new attributes from the reply, and drops the
@@ -136,6 +137,9 @@ pub struct StagingTree {
     /// writing by a freeze: see the module comment.
     gate: RwLock<()>,
     frozen: Mutex<HashSet<u64>>,
+    /// The checkpoint each staged file had bytes copied from (`copy_file_range`),
+    /// while the kernel knows the file: what a seal records as the workspace's parent.
+    copied_from: Mutex<HashMap<u64, CheckpointId>>,
     /// Whether new entries can be given to their caller (the daemon runs as root).
     can_chown: bool,
 }
@@ -317,6 +321,7 @@ impl StagingTree {
             listings: Mutex::new(HashMap::new()),
             gate: RwLock::new(()),
             frozen: Mutex::new(HashSet::new()),
+            copied_from: Mutex::new(HashMap::new()),
             can_chown: rustix::process::geteuid().is_root(),
         })
     }
@@ -545,6 +550,7 @@ impl StagingTree {
                 }
                 drop(known);
                 self.files.forget(ino);
+                self.copied_from.lock().expect("copied lock").remove(&ino);
             }
         }
     }
