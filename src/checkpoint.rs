@@ -802,6 +802,9 @@ mod tests {
         fn exists(&self, name: &str) -> Result<bool, StoreError> {
             Ok(self.objects.iter().any(|(info, _)| info.name == name))
         }
+        fn delete(&self, _: &str) -> Result<(), StoreError> {
+            unreachable!("listing deletes nothing")
+        }
         fn head(&self, name: &str) -> Result<crate::store::ObjectMeta, StoreError> {
             self.heads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let (info, metadata) = self

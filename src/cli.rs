@@ -88,6 +88,13 @@ pub enum Command {
     /// List checkpoints, oldest first: sha256, size, time.
     #[command(after_help = "Example:\n  ckptfs ls s3://my-bucket/checkpoints --json")]
     Ls(LsArgs),
+    /// Delete the checkpoints no keep rule keeps (restic's rules), never one younger
+    /// than the grace period; prints each decision.
+    #[command(
+        after_help = "Example:\n  ckptfs prune s3://my-bucket/checkpoints --keep-last 50 --keep-within 7d --dry-run\n  \
+                      ckptfs prune ./store --keep-last 10 --keep-lineage"
+    )]
+    Prune(PruneArgs),
     /// The checkpoints, oldest first, with what changed in each since the one before.
     #[command(
         long_about = LOG_ABOUT,
@@ -396,6 +403,32 @@ pub struct VerifyArgs {
     /// them when none is given.
     #[arg(value_name = "CHECKPOINT")]
     pub sha256: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// Keep the N newest checkpoints.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep_last: usize,
+    /// Keep the checkpoints taken within DURATION of the newest one (such as 7d, 12h).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub keep_within: Option<std::time::Duration>,
+    /// Keep this checkpoint (a sha256, a prefix, latest or latest~N); repeatable.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub keep: Vec<String>,
+    /// Also keep the parents that kept checkpoints claim (put --parent, seals), back
+    /// to the first.
+    #[arg(long)]
+    pub keep_lineage: bool,
+    /// Never delete a checkpoint younger than this, whatever the rules say: a replica
+    /// may be opening it, or a capture may have just found its content present.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub grace: std::time::Duration,
+    /// Print the decisions; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

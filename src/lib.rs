@@ -5,7 +5,8 @@
 //! (tar.gz writing, indexing, extraction) → [`cache`] (verified local copies) →
 //! [`fs`] (the filesystem logic, the thin FUSE adapter, and mounting). [`checkpoint`]
 //! names checkpoints and verifies them on top of a store. [`review`] compares and
-//! reads verified checkpoints for the host-side review commands. [`commands`] runs each
+//! reads verified checkpoints for the host-side review commands; [`prune`] decides
+//! which checkpoints a keep policy keeps. [`commands`] runs each
 //! command of the CLI on top of the library, and is the only layer that prints; no
 //! library module imports [`cli`] or [`commands`].
 
@@ -18,5 +19,6 @@ pub mod commands;
 pub mod fs;
 pub mod mount_helper;
 pub mod pipe;
+pub mod prune;
 pub mod review;
 pub mod store;

@@ -17,6 +17,7 @@ mod get;
 mod log;
 mod ls;
 mod mount;
+mod prune;
 mod put;
 mod review_session;
 mod status;
@@ -41,6 +42,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Get(args) => get::run(&cli, args),
         Command::Verify(args) => verify::run(&cli, args),
         Command::Ls(args) => ls::run(&cli, args),
+        Command::Prune(args) => prune::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Log(args) => log::run(&cli, args),
         Command::Diff(args) => diff::run(&cli, args),

@@ -45,6 +45,8 @@ pub enum Load {
     Loaded(Arc<VerifiedCheckpoint>),
     Failed {
         reason: String,
+        /// The store no longer has the object.
+        gone: bool,
         at: Instant,
     },
 }
@@ -178,19 +180,21 @@ impl Loader {
     pub fn checkpoint(&self, slot: &Slot) -> Result<Arc<VerifiedCheckpoint>, FsError> {
         let found = match &*slot.load.lock().expect("slot lock") {
             Load::Loaded(c) => Ok(Arc::clone(c)),
-            Load::Failed { reason, .. } => Err(reason.clone()),
-            Load::Unloaded | Load::Loading(_) => {
-                Err("not verified yet (evicted while in use); try again".to_owned())
-            }
+            Load::Failed { reason, gone, .. } => Err((reason.clone(), *gone)),
+            Load::Unloaded | Load::Loading(_) => Err((
+                "not verified yet (evicted while in use); try again".to_owned(),
+                false,
+            )),
         };
         match found {
             Ok(checkpoint) => {
                 self.shared.cache.promote(&checkpoint.id);
                 Ok(checkpoint)
             }
-            Err(reason) => Err(FsError::Unverified {
+            Err((reason, gone)) => Err(FsError::Unverified {
                 id: slot.info.id.to_string(),
                 reason,
+                gone,
             }),
         }
     }
@@ -281,6 +285,7 @@ impl Shared {
                 tracing::warn!(checkpoint = %id, error = %e, "checkpoint failed verification");
                 Load::Failed {
                     reason: e.to_string(),
+                    gone: matches!(e, CacheError::Verify(VerifyFailure::Missing)),
                     at: Instant::now(),
                 }
             }

@@ -209,6 +209,18 @@ impl ObjectStore for LocalStore {
         })
     }
 
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        // The object first: a sidecar without its object is never listed.
+        for path in [self.path(name), self.sidecar(name)] {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("delete", &path, e)),
+            }
+        }
+        Ok(())
+    }
+
     fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
         let path = self.path(name);
         match fs::symlink_metadata(&path) {

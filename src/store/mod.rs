@@ -146,6 +146,10 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
 
+    /// Deletes the object (on a versioned bucket: hides it behind a delete marker).
+    /// Deleting an object that is not there is not an error.
+    fn delete(&self, name: &str) -> Result<(), StoreError>;
+
     /// The object's length and user metadata, without reading it (`HeadObject`).
     /// Fails with [`StoreError::NotFound`] when there is no such object.
     fn head(&self, name: &str) -> Result<ObjectMeta, StoreError>;

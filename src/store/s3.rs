@@ -720,6 +720,19 @@ impl ObjectStore for S3Store {
         self.runtime.block_on(self.exists_async(name))
     }
 
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.runtime
+            .block_on(
+                self.client
+                    .delete_object()
+                    .bucket(&self.bucket)
+                    .key(self.key(name))
+                    .send(),
+            )
+            .map(drop)
+            .map_err(|e| self.remote_error("DeleteObject", name, &e))
+    }
+
     fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
         let response = self.runtime.block_on(
             self.client

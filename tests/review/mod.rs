@@ -49,6 +49,7 @@ both_stores!(
     turns_taken_within_one_second_keep_their_order,
     turns_put_at_once_are_listed_by_capture_time,
     log_follows_each_sandbox_by_its_parents,
+    prune_deletes_what_no_rule_keeps_and_says_why,
 );
 
 /// More than a second, so that S3 LastModified and file times order the turns.
@@ -898,4 +899,146 @@ fn log_follows_each_sandbox_by_its_parents(store: &TestStore) {
     let missing = "0".repeat(64);
     let refused = store.cmd("put", [a.to_str().unwrap(), "--parent", &missing]);
     assert_one_line_error(refused, "is not in");
+}
+
+/// `prune`: a dry run deletes nothing and prints each decision; the grace period
+/// keeps young checkpoints whatever the rules say; a real run deletes what no rule
+/// keeps, `verify` is clean after it, and a running mount drops the deleted ones at
+/// its next refresh while the rest still read; `--keep-lineage` keeps claimed parents.
+fn prune_deletes_what_no_rule_keeps_and_says_why(store: &TestStore) {
+    let work = temp_dir();
+    let w = work.path().join("w");
+    make_dir(&w);
+    let mut shas = Vec::new();
+    for turn in 1..=6 {
+        write_file(&w.join("f"), format!("turn {turn}\n").as_bytes(), 0o644);
+        shas.push(store.put(&w, &[]).0);
+    }
+    let listed = || -> Vec<String> {
+        let ls = store.cmd("ls", [] as [&str; 0]).success();
+        ls.lines()
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    // `VERB  SHORT  TIME  [REASONS]`, fields two spaces apart.
+    let decisions = |out: &Output| -> Vec<(String, String)> {
+        out.lines()
+            .iter()
+            .map(|l| {
+                let fields: Vec<&str> = l
+                    .split("  ")
+                    .map(str::trim)
+                    .filter(|f| !f.is_empty())
+                    .collect();
+                (fields[0].to_owned(), fields[1].to_owned())
+            })
+            .collect()
+    };
+    let short = |i: usize| shas[i][..12].to_owned();
+
+    assert_one_line_error(store.cmd("prune", [] as [&str; 0]), "no keep rule");
+
+    let dry = store
+        .cmd("prune", ["--keep-last", "2", "--grace", "0s", "--dry-run"])
+        .success();
+    let want: Vec<(String, String)> = (0..6)
+        .map(|i| {
+            (
+                if i < 4 { "would delete" } else { "keep" }.to_owned(),
+                short(i),
+            )
+        })
+        .collect();
+    assert_eq!(decisions(&dry), want, "{}", dry.stdout);
+    assert!(dry.lines()[5].ends_with("last 1"), "{}", dry.stdout);
+    assert_eq!(listed(), shas, "a dry run deletes nothing");
+
+    let young = store.cmd("prune", ["--keep-last", "2"]).success();
+    assert!(
+        young
+            .lines()
+            .iter()
+            .all(|l| l.starts_with("keep") && l.contains("younger than the grace period (1h)")),
+        "{}",
+        young.stdout
+    );
+    assert_eq!(listed(), shas, "nothing is deleted within the grace period");
+
+    let mount = Mount::new(store).args(["--refresh", "1"]).start();
+    assert_eq!(
+        fs::read_to_string(mount.join(&shas[2]).join("f")).unwrap(),
+        "turn 3\n"
+    );
+    let pruned = store
+        .cmd(
+            "prune",
+            ["--keep-last", "2", "--keep", "latest~5", "--grace", "0s"],
+        )
+        .success();
+    let verbs: Vec<String> = decisions(&pruned).into_iter().map(|(v, _)| v).collect();
+    assert_eq!(
+        verbs,
+        ["keep", "delete", "delete", "delete", "keep", "keep"],
+        "{}",
+        pruned.stdout
+    );
+    assert!(
+        pruned.lines()[0].ends_with("named by --keep"),
+        "{}",
+        pruned.stdout
+    );
+    let kept = vec![shas[0].clone(), shas[4].clone(), shas[5].clone()];
+    assert_eq!(listed(), kept);
+    let verify = store.cmd("verify", [] as [&str; 0]).success();
+    assert_eq!(verify.lines().len(), 3, "{}", verify.stdout);
+
+    // The mount lists what is left after its next refresh; what it has read stays
+    // readable, and so does what is left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let root = || -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(mount.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.len() == 64)
+            .collect();
+        names.sort();
+        names
+    };
+    let mut want_root = kept.clone();
+    want_root.sort();
+    while root() != want_root && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(root(), want_root, "{}", mount.log_excerpt());
+    assert_eq!(
+        fs::read_to_string(mount.join("latest/f")).unwrap(),
+        "turn 6\n"
+    );
+    assert_eq!(
+        fs::read_to_string(mount.join(&shas[0]).join("f")).unwrap(),
+        "turn 1\n"
+    );
+    drop(mount);
+
+    // A new turn from turn 1: its lineage keeps turn 1, not turns 5 and 6.
+    write_file(&w.join("f"), b"turn 7\n", 0o644);
+    let seventh = store.put(&w, &["--parent", &shas[0]]).0;
+    let pruned = store
+        .cmd(
+            "prune",
+            ["--keep-last", "1", "--keep-lineage", "--grace", "0s"],
+        )
+        .success();
+    assert_eq!(
+        listed(),
+        [shas[0].clone(), seventh.clone()],
+        "{}",
+        pruned.stdout
+    );
+    assert!(
+        pruned.lines()[0].ends_with(&format!("parent of {}", &seventh[..12])),
+        "{}",
+        pruned.stdout
+    );
 }

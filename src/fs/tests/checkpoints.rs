@@ -42,6 +42,38 @@ fn contents_are_served_once_verified() {
 }
 
 #[test]
+fn a_checkpoint_deleted_since_the_listing_is_absent_not_broken() {
+    let (f, ids) = fixture(&[&[("a.txt", b"kept")], &[("b.txt", b"pruned")]]);
+    let kept = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, kept);
+    // Pruned while listed: what was loaded still reads, what was not is ENOENT.
+    let store = crate::store::local::LocalStore::open(f.store_dir.path()).unwrap();
+    for id in &ids {
+        crate::store::ObjectStore::delete(&store, &id.object_name()).unwrap();
+        assert!(!f.store_dir.path().join(id.object_name()).exists());
+    }
+    let pruned = checkpoint_dir(&f.fs, &ids[1]);
+    wait_loaded(&f.fs, pruned);
+    assert_eq!(f.fs.opendir(pruned).unwrap_err().errno(), libc::ENOENT);
+    let text = status(&f.fs);
+    assert!(
+        text.contains("FAILED: Checkpoint object is missing"),
+        "{text}"
+    );
+    let a = f.fs.lookup(kept, b"a.txt").unwrap().attr;
+    assert_eq!(read_all(&f.fs, a.ino), b"kept");
+    // The next listing drops both.
+    f.fs.refresh().unwrap();
+    assert_eq!(
+        names(&f.fs, crate::fs::inode::ROOT)
+            .iter()
+            .filter(|n| n.len() == 64)
+            .count(),
+        0
+    );
+}
+
+#[test]
 fn a_corrupt_checkpoint_answers_eio_and_says_why() {
     let (f, ids) = fixture(&[&[("a.txt", b"good")], &[("b.txt", b"bad")]]);
     let object = f.store_dir.path().join(ids[1].object_name());

@@ -62,6 +62,10 @@ impl ObjectStore for FaultyStore {
         self.inner.list()
     }
 
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.inner.delete(name)
+    }
+
     fn head(&self, name: &str) -> Result<crate::store::ObjectMeta, StoreError> {
         self.inner.head(name)
     }

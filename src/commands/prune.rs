@@ -1,0 +1,89 @@
+//! `ckptfs prune STORE --keep-...`: deletes the checkpoints that no keep rule keeps
+//! (see [`crate::prune`]), oldest first, printing one line per checkpoint: `keep`
+//! with its reasons, or `delete` (`would delete` with `--dry-run`).
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::time::SystemTime;
+
+use anyhow::{Context, Result, bail};
+
+use super::open_store;
+use crate::checkpoint;
+use crate::cli::{Cli, PruneArgs};
+use crate::prune::{Policy, decide};
+use crate::review;
+use crate::store::DEFAULT_PART_SIZE;
+
+pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
+    let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
+    let listing =
+        checkpoint::list(store.as_ref()).with_context(|| format!("cannot list {}", args.store))?;
+    let keep = args
+        .keep
+        .iter()
+        .map(|given| Ok(review::resolve(&listing, given)?.id.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    let policy = Policy {
+        keep_last: args.keep_last,
+        keep_within: args.keep_within,
+        keep,
+        keep_lineage: args.keep_lineage,
+        grace: args.grace,
+    };
+    if !policy.keeps_by_rule() {
+        bail!(
+            "no keep rule: give --keep-last, --keep-within or --keep (prune never deletes everything)"
+        );
+    }
+    let mut parents = HashMap::new();
+    if policy.keep_lineage {
+        for info in &listing {
+            if let Some(parent) = checkpoint::claimed_parent(store.as_ref(), &info.id)? {
+                parents.insert(info.id.clone(), parent);
+            }
+        }
+    }
+    let decisions = decide(&listing, &parents, &policy, SystemTime::now());
+    let mut out = io::stdout().lock();
+    let (mut kept, mut deleted, mut freed) = (0, 0, 0);
+    for decision in &decisions {
+        let info = decision.info;
+        let time = humantime::format_rfc3339_seconds(info.last_modified);
+        if decision.keep() {
+            kept += 1;
+            let reasons: Vec<String> = decision.reasons.iter().map(|r| r.to_string()).collect();
+            writeln!(
+                out,
+                "keep          {}  {time}  {}",
+                info.id.short(),
+                reasons.join(", ")
+            )?;
+            continue;
+        }
+        if !args.dry_run {
+            store
+                .delete(&info.id.object_name())
+                .with_context(|| format!("cannot delete checkpoint {}", info.id))?;
+        }
+        let verb = if args.dry_run {
+            "would delete"
+        } else {
+            "delete      "
+        };
+        writeln!(out, "{verb}  {}  {time}", info.id.short())?;
+        deleted += 1;
+        freed += info.size;
+    }
+    out.flush()?;
+    let done = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    eprintln!(
+        "kept {kept}, {done} {deleted} ({freed} bytes) in {}",
+        store.describe()
+    );
+    Ok(0)
+}
