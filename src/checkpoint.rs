@@ -464,11 +464,27 @@ pub fn open(
     id: &CheckpointId,
     max_size: u64,
 ) -> Result<VerifyingReader<Box<dyn Read + Send>>, CheckpointError> {
+    open_object(store, id, None, max_size)
+}
+
+/// Like [`open`], for one version of the object in a versioned bucket (a checkpoint
+/// hidden by a delete, say): checked the same way, its bytes against the name.
+pub fn open_object(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+    version: Option<&str>,
+    max_size: u64,
+) -> Result<VerifyingReader<Box<dyn Read + Send>>, CheckpointError> {
     let fail = |failure| CheckpointError::Verify {
         id: id.clone(),
         failure,
     };
-    let object = match store.get(&id.object_name()) {
+    let name = id.object_name();
+    let got = match version {
+        None => store.get(&name),
+        Some(version) => store.get_version(&name, version),
+    };
+    let object = match got {
         Ok(object) => object,
         Err(StoreError::NotFound { .. }) => return Err(fail(VerifyFailure::Missing)),
         Err(e) => return Err(e.into()),
@@ -507,7 +523,16 @@ pub fn open(
 
 /// Downloads and checks one checkpoint, keeping nothing.
 pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
-    let reader = open(store, id, u64::MAX)?;
+    verify_object(store, id, None)
+}
+
+/// [`verify`] of one version of the object (see [`open_object`]).
+pub fn verify_object(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+    version: Option<&str>,
+) -> Result<(), CheckpointError> {
+    let reader = open_object(store, id, version, u64::MAX)?;
     tracing::debug!(checkpoint = %id, bytes = reader.announced, "downloading to verify");
     let read = reader.finish()?;
     tracing::debug!(checkpoint = %id, bytes = read, "length and sha256 match the name");
@@ -724,6 +749,8 @@ pub struct GetOptions<'a> {
     pub limits: Limits,
     /// Where the archive is downloaded before it is verified.
     pub temp_dir: &'a Path,
+    /// One version of the object (a versioned bucket's) instead of the current one.
+    pub version: Option<&'a str>,
 }
 
 /// Downloads a checkpoint to a temporary file, verifies it, and only then extracts it
@@ -737,7 +764,7 @@ pub fn get(
 ) -> Result<archive::extract::ExtractSummary, CheckpointError> {
     let io_err = |context: String| move |cause| CheckpointError::Io { context, cause };
     let temp_dir = options.temp_dir;
-    let mut reader = open(store, id, options.max_archive_size)?;
+    let mut reader = open_object(store, id, options.version, options.max_archive_size)?;
     let mut temp = tempfile::Builder::new()
         .prefix(".ckptfs-get-")
         .tempfile_in(temp_dir)

@@ -403,6 +403,11 @@ pub struct VerifyArgs {
     /// them when none is given.
     #[arg(value_name = "CHECKPOINT")]
     pub sha256: Vec<String>,
+    /// Also read the bucket's versions: report every checkpoint hidden by a delete
+    /// (HIDDEN) and every version of a name with other bytes (TAMPERED). Needs a
+    /// versioned bucket; downloads every version.
+    #[arg(long, conflicts_with = "sha256")]
+    pub history: bool,
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,8 @@
 //! [`fs`] (the filesystem logic, the thin FUSE adapter, and mounting). [`checkpoint`]
 //! names checkpoints and verifies them on top of a store. [`review`] compares and
 //! reads verified checkpoints for the host-side review commands; [`prune`] decides
-//! which checkpoints a keep policy keeps. [`commands`] runs each
+//! which checkpoints a keep policy keeps; [`history`] what a versioned bucket
+//! remembers of deleted and overwritten checkpoints. [`commands`] runs each
 //! command of the CLI on top of the library, and is the only layer that prints; no
 //! library module imports [`cli`] or [`commands`].
 
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod fs;
+pub mod history;
 pub mod mount_helper;
 pub mod pipe;
 pub mod prune;

@@ -4,28 +4,57 @@
 use anyhow::{Context, Result};
 
 use super::{bar, open_store, resolve_name, temp_dir};
-use crate::checkpoint::{self, GetOptions};
+use crate::checkpoint::{self, CheckpointError, GetOptions};
 use crate::cli::{Cli, GetArgs};
+use crate::history;
 use crate::store::DEFAULT_PART_SIZE;
 
 pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
     let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
     let id = resolve_name(store.as_ref(), &args.sha256)?;
     let download = bar(0, "downloading");
-    let summary = checkpoint::get(
-        store.as_ref(),
-        &id,
-        &args.dest,
-        &GetOptions {
-            max_archive_size: cli.max_archive_size,
-            limits: args.limits.limits(),
-            temp_dir: &temp_dir(&args.temp_dir),
-        },
-        &|done, total| {
-            download.set_length(total);
-            download.set_position(done)
-        },
-    )
+    let get = |version: Option<&str>| {
+        checkpoint::get(
+            store.as_ref(),
+            &id,
+            &args.dest,
+            &GetOptions {
+                max_archive_size: cli.max_archive_size,
+                limits: args.limits.limits(),
+                temp_dir: &temp_dir(&args.temp_dir),
+                version,
+            },
+            &|done, total| {
+                download.set_length(total);
+                download.set_position(done)
+            },
+        )
+    };
+    // A checkpoint that a delete hid, or whose name now holds other bytes, is read
+    // from the newest earlier version that verifies, if the bucket keeps versions.
+    let summary = match get(None) {
+        Err(CheckpointError::Verify { failure, .. }) => {
+            // Looking is a second chance: if it fails, the first failure is the answer.
+            let earlier = history::restorable_version(store.as_ref(), &id).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not look for an earlier version");
+                None
+            });
+            match earlier {
+                Some((version, stored_at)) => {
+                    eprintln!(
+                        "checkpoint {id}: {failure}; restoring the version of {} ({version}), which verifies",
+                        humantime::format_rfc3339_seconds(stored_at)
+                    );
+                    get(Some(&version))
+                }
+                None => Err(CheckpointError::Verify {
+                    id: id.clone(),
+                    failure,
+                }),
+            }
+        }
+        other => other,
+    }
     .with_context(|| {
         format!(
             "cannot restore checkpoint {id} into {}",

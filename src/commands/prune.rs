@@ -85,5 +85,18 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
         "kept {kept}, {done} {deleted} ({freed} bytes) in {}",
         store.describe()
     );
+    if deleted > 0 && !args.dry_run {
+        match store.versions() {
+            Ok(Some(_)) => eprintln!(
+                "the bucket keeps versions: the deleted checkpoints are hidden behind delete \
+                 markers and their bytes stay (what Object Lock retains cannot be removed \
+                 before its date); `verify --history` lists them, `get` restores them"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "could not tell whether the bucket keeps versions")
+            }
+        }
+    }
     Ok(0)
 }

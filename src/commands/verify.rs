@@ -1,15 +1,18 @@
-//! `ckptfs verify STORE [SHA256...]`: re-hashes checkpoints in the store, one line per
-//! checkpoint on stdout (`<sha256> ok` or `<sha256> FAILED: reason`); exit status 1
-//! when any failed.
+//! `ckptfs verify STORE [SHA256...] [--history]`: re-hashes checkpoints in the store,
+//! one line per checkpoint on stdout (`<sha256> ok` or `<sha256> FAILED: reason`),
+//! with `--history` also `HIDDEN` and `TAMPERED` lines from a versioned bucket's
+//! versions; exit status 1 when anything was found.
 
 use std::io::{self, Write};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use super::{open_store, resolve_name};
 use crate::checkpoint::{self, CheckpointError};
 use crate::cli::{Cli, VerifyArgs};
+use crate::history::{self, Finding};
 use crate::store::DEFAULT_PART_SIZE;
+use crate::store::ObjectStore;
 
 pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
     let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
@@ -39,10 +42,61 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
             }
         }
     }
+    if args.history {
+        failed += report_history(store.as_ref(), &mut out)?;
+    }
     out.flush()?;
     if failed > 0 {
-        eprintln!("{failed} of {} checkpoints failed verification", ids.len());
+        eprintln!("{failed} problem(s) found in {} checkpoints", ids.len());
         return Ok(1);
     }
     Ok(0)
+}
+
+/// Prints what the bucket's versions say beyond the listing (see
+/// [`crate::history`]); returns how many findings there were.
+fn report_history(store: &dyn ObjectStore, out: &mut impl Write) -> Result<usize> {
+    let time = |t| humantime::format_rfc3339_seconds(t);
+    let Some(findings) = history::examine(store)? else {
+        bail!(
+            "{} keeps no versions: --history needs a bucket with versioning (see the README)",
+            store.describe()
+        );
+    };
+    for finding in &findings {
+        match finding {
+            Finding::Hidden {
+                id,
+                deleted_at,
+                restorable: Some((version, stored_at)),
+            } => writeln!(
+                out,
+                "{id} HIDDEN: deleted {}; version {version} of {} verifies (ckptfs get restores it)",
+                time(*deleted_at),
+                time(*stored_at)
+            )?,
+            Finding::Hidden {
+                id,
+                deleted_at,
+                restorable: None,
+            } => writeln!(
+                out,
+                "{id} HIDDEN: deleted {}; no version verifies",
+                time(*deleted_at)
+            )?,
+            Finding::Tampered {
+                id,
+                version_id,
+                stored_at,
+                current,
+                reason,
+            } => writeln!(
+                out,
+                "{id} TAMPERED: version {version_id} stored {}{} holds other bytes: {reason}",
+                time(*stored_at),
+                if *current { " (the current one)" } else { "" }
+            )?,
+        }
+    }
+    Ok(findings.len())
 }

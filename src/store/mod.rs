@@ -42,6 +42,17 @@ pub struct ObjectInfo {
     pub last_modified: SystemTime,
 }
 
+/// One version of an object in a versioned bucket: stored bytes, or a delete marker
+/// (what a delete leaves, hiding the versions before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVersion {
+    pub name: String,
+    pub version_id: String,
+    pub size: u64,
+    pub last_modified: SystemTime,
+    pub delete_marker: bool,
+}
+
 /// What the store says about one object before its bytes are read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -145,6 +156,23 @@ pub trait ObjectStore: Send + Sync {
 
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Every version of every object directly under the prefix, delete markers
+    /// included, in no particular order; `None` when the store keeps no versions (a
+    /// local directory, a bucket without versioning).
+    fn versions(&self) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Starts a download of one version of an object (see [`versions`](Self::versions)).
+    fn get_version(&self, name: &str, version_id: &str) -> Result<ObjectReader, StoreError> {
+        let _ = version_id;
+        Err(StoreError::Remote {
+            operation: "GetObject",
+            name: name.into(),
+            message: format!("{} keeps no versions", self.describe()),
+        })
+    }
 
     /// Deletes the object (on a versioned bucket: hides it behind a delete marker).
     /// Deleting an object that is not there is not an error.

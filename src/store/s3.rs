@@ -40,8 +40,8 @@ use tokio::runtime::Runtime;
 
 use super::parts::{self, Part};
 use super::{
-    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, Progress, PutMode, PutOutcome, Reuse,
-    StoreError, Stored,
+    ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, ObjectVersion, Progress, PutMode,
+    PutOutcome, Reuse, StoreError, Stored,
 };
 
 pub use super::parts::MIN_PART_SIZE;
@@ -62,6 +62,35 @@ pub struct S3Store {
 }
 
 impl S3Store {
+    /// `GetObject` of the current version, or of `version_id`.
+    fn get_object(&self, name: &str, version_id: Option<&str>) -> Result<ObjectReader, StoreError> {
+        let response = self.runtime.block_on(
+            self.client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(self.key(name))
+                .set_version_id(version_id.map(str::to_owned))
+                .send(),
+        );
+        let response = match response {
+            Ok(r) => r,
+            Err(e) if is_not_found(&e) => {
+                return Err(StoreError::NotFound { name: name.into() });
+            }
+            Err(e) => return Err(self.remote_error("GetObject", name, &e)),
+        };
+        let meta = object_meta(response.content_length(), response.metadata());
+        Ok(ObjectReader {
+            meta,
+            body: Box::new(BodyReader {
+                runtime: self.runtime.handle().clone(),
+                body: response.body,
+                chunk: Bytes::new(),
+                stall_timeout: self.stall_timeout,
+            }),
+        })
+    }
+
     /// A store for `s3://bucket/prefix`. `endpoint_url` overrides the endpoint (else
     /// `AWS_ENDPOINT_URL`, else AWS); objects larger than `part_size` (at least
     /// [`MIN_PART_SIZE`]) go up as multipart uploads in parts of that size.
@@ -169,6 +198,9 @@ impl S3Store {
             .key(self.key(name))
             .set_metadata(Some(metadata.clone().into_iter().collect()))
             .set_if_none_match(if_absent(mode))
+            // The algorithm's header too: a bucket under Object Lock refuses an upload
+            // without it (or a Content-MD5).
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
             .checksum_sha256(checksum)
             .body(body)
             .send()
@@ -337,6 +369,7 @@ impl S3Store {
                                 .key(key)
                                 .upload_id(upload_id)
                                 .part_number(number)
+                                .checksum_algorithm(ChecksumAlgorithm::Sha256)
                                 .checksum_sha256(&sha256)
                                 .body(body)
                                 .send()
@@ -690,30 +723,78 @@ impl ObjectStore for S3Store {
     }
 
     fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
-        let response = self.runtime.block_on(
-            self.client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(self.key(name))
-                .send(),
-        );
-        let response = match response {
-            Ok(r) => r,
-            Err(e) if is_not_found(&e) => {
-                return Err(StoreError::NotFound { name: name.into() });
-            }
-            Err(e) => return Err(self.remote_error("GetObject", name, &e)),
+        self.get_object(name, None)
+    }
+
+    fn get_version(&self, name: &str, version_id: &str) -> Result<ObjectReader, StoreError> {
+        self.get_object(name, Some(version_id))
+    }
+
+    fn versions(&self) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+        let time = |t: Option<&aws_sdk_s3::primitives::DateTime>| {
+            t.and_then(|t| SystemTime::try_from(*t).ok())
+                .unwrap_or(SystemTime::UNIX_EPOCH)
         };
-        let meta = object_meta(response.content_length(), response.metadata());
-        Ok(ObjectReader {
-            meta,
-            body: Box::new(BodyReader {
-                runtime: self.runtime.handle().clone(),
-                body: response.body,
-                chunk: Bytes::new(),
-                stall_timeout: self.stall_timeout,
-            }),
-        })
+        let mut versions = Vec::new();
+        let (mut key_marker, mut version_marker) = (None::<String>, None::<String>);
+        loop {
+            let page = self
+                .runtime
+                .block_on(
+                    self.client
+                        .list_object_versions()
+                        .bucket(&self.bucket)
+                        .prefix(&self.prefix)
+                        .delimiter("/")
+                        .set_key_marker(key_marker.take())
+                        .set_version_id_marker(version_marker.take())
+                        .send(),
+                )
+                .map_err(|e| self.remote_error("ListObjectVersions", "", &e))?;
+            let name = |key: Option<&str>| {
+                key.and_then(|k| k.strip_prefix(&self.prefix))
+                    .map(str::to_owned)
+            };
+            for v in page.versions() {
+                let (Some(name), Some(id)) = (name(v.key()), v.version_id()) else {
+                    continue;
+                };
+                versions.push(ObjectVersion {
+                    name,
+                    version_id: id.to_owned(),
+                    size: v.size().unwrap_or(0).max(0) as u64,
+                    last_modified: time(v.last_modified()),
+                    delete_marker: false,
+                });
+            }
+            for m in page.delete_markers() {
+                let (Some(name), Some(id)) = (name(m.key()), m.version_id()) else {
+                    continue;
+                };
+                versions.push(ObjectVersion {
+                    name,
+                    version_id: id.to_owned(),
+                    size: 0,
+                    last_modified: time(m.last_modified()),
+                    delete_marker: true,
+                });
+            }
+            if page.is_truncated() != Some(true) {
+                break;
+            }
+            key_marker = page.next_key_marker().map(str::to_owned);
+            version_marker = page.next_version_id_marker().map(str::to_owned);
+            if key_marker.is_none() {
+                break;
+            }
+        }
+        // Without versioning every object has the one version "null", and no delete
+        // leaves a marker. (GetBucketVersioning would say so directly, but some
+        // servers answer it in a shape the SDK refuses.)
+        let versioned = versions
+            .iter()
+            .any(|v| v.delete_marker || v.version_id != "null");
+        Ok(versioned.then_some(versions))
     }
 
     fn exists(&self, name: &str) -> Result<bool, StoreError> {

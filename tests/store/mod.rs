@@ -1201,3 +1201,144 @@ fn s3_a_copy_whose_md5_collides_is_caught_and_replaced() {
     store.get(&sha2, &restored);
     assert_same_tree(&second, &restored);
 }
+
+/// A bucket with versioning and S3 Object Lock (default retention, governance mode):
+/// `put` stores into it (uploads carry the checksums Object Lock requires); a
+/// checkpoint deleted (a delete marker) is reported by `verify --history` and restored
+/// byte for byte by `get`; a name overwritten with other bytes is reported as
+/// tampered, and `get` restores the version that verifies.
+#[test]
+fn s3_a_locked_history_shows_deleted_and_overwritten_checkpoints() {
+    use aws_sdk_s3::types::{
+        DefaultRetention, ObjectLockConfiguration, ObjectLockEnabled, ObjectLockRetentionMode,
+        ObjectLockRule,
+    };
+    let bucket = crate::util::unique_name("ckptfs-locked");
+    let client = crate::util::s3();
+    crate::util::block_on(
+        client
+            .create_bucket()
+            .bucket(&bucket)
+            .object_lock_enabled_for_bucket(true)
+            .send(),
+    )
+    .expect("create a bucket with Object Lock");
+    let retention = DefaultRetention::builder()
+        .mode(ObjectLockRetentionMode::Governance)
+        .days(1)
+        .build();
+    crate::util::block_on(
+        client
+            .put_object_lock_configuration()
+            .bucket(&bucket)
+            .object_lock_configuration(
+                ObjectLockConfiguration::builder()
+                    .object_lock_enabled(ObjectLockEnabled::Enabled)
+                    .rule(
+                        ObjectLockRule::builder()
+                            .default_retention(retention)
+                            .build(),
+                    )
+                    .build(),
+            )
+            .send(),
+    )
+    .expect("default retention");
+    let store = TestStore::S3 {
+        bucket: bucket.clone(),
+        prefix: "sandbox/ckpts".into(),
+    };
+    let work = temp_dir();
+    let (one, two) = (work.path().join("one"), work.path().join("two"));
+    make_sample_tree(&one);
+    fs::create_dir(&two).unwrap();
+    write_file(&two.join("f"), b"two\n", 0o644);
+    let (sha_one, _) = store.put(&one, &[]);
+    let (sha_two, _) = store.put(&two, &[]);
+    let clean = store.cmd("verify", ["--history"]).success();
+    assert_eq!(clean.lines().len(), 2, "{clean}");
+
+    // Whoever can write the bucket deletes one checkpoint and overwrites the other.
+    let key = |sha: &str| store.key(&TestStore::object_name(sha));
+    crate::util::block_on(
+        client
+            .delete_object()
+            .bucket(&bucket)
+            .key(key(&sha_one))
+            .send(),
+    )
+    .expect("delete");
+    crate::util::block_on(
+        client
+            .put_object()
+            .bucket(&bucket)
+            .key(key(&sha_two))
+            .body(b"other bytes".to_vec().into())
+            .content_md5(base64_md5(b"other bytes"))
+            .send(),
+    )
+    .expect("overwrite");
+    let listed = store.cmd("ls", [] as [&str; 0]).success();
+    assert_eq!(
+        listed.lines().len(),
+        1,
+        "the listing no longer shows the deleted one"
+    );
+
+    let history = store.cmd("verify", ["--history"]);
+    assert_eq!(history.status.code(), Some(1), "{history}");
+    let line = |prefix: &str| {
+        history
+            .lines()
+            .into_iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix}...: {history}"))
+            .to_owned()
+    };
+    assert!(
+        line(&format!("{sha_one} HIDDEN: deleted ")).contains("verifies"),
+        "{history}"
+    );
+    assert!(
+        line(&format!("{sha_two} TAMPERED: version ")).contains("(the current one)"),
+        "{history}"
+    );
+    assert!(
+        line(&format!("{sha_two} FAILED: ")).contains("mismatch"),
+        "{history}"
+    );
+
+    // Both restore byte for byte from the versions that verify.
+    for (sha, tree) in [(&sha_one, &one), (&sha_two, &two)] {
+        let dest = work.path().join(format!("restored-{}", &sha[..8]));
+        let out = store.get(sha, &dest);
+        assert!(out.stderr.contains("which verifies"), "{out}");
+        assert_same_tree(tree, &dest);
+    }
+
+    // A prune on this bucket hides what it deletes, and says the bytes stay.
+    write_file(&two.join("f"), b"three\n", 0o644);
+    let (sha_three, _) = store.put(&two, &[]);
+    let pruned = store
+        .cmd("prune", ["--keep-last", "1", "--grace", "0s"])
+        .success();
+    assert!(
+        pruned.stderr.contains("hidden behind delete markers"),
+        "{pruned}"
+    );
+    let history = store.cmd("verify", ["--history"]);
+    assert!(
+        history
+            .stdout
+            .contains(&format!("{sha_two} HIDDEN: deleted ")),
+        "{history}"
+    );
+    assert!(
+        history.stdout.contains(&format!("{sha_three} ok")),
+        "{history}"
+    );
+}
+
+fn base64_md5(bytes: &[u8]) -> String {
+    aws_smithy_types::base64::encode(<md5::Md5 as md5::Digest>::digest(bytes))
+}

@@ -1,0 +1,126 @@
+//! What a versioned bucket remembers that its listing no longer shows: checkpoints
+//! hidden by a delete (a delete marker over them) and names whose bytes were
+//! replaced (`ckptfs verify --history`, and `get` of a hidden checkpoint).
+//!
+//! Anyone who can write the bucket can delete or overwrite an object; with
+//! versioning (and S3 Object Lock, so that versions cannot be deleted either) the
+//! earlier versions stay. A checkpoint's name is the SHA-256 of its bytes, so a
+//! version is that checkpoint exactly when its bytes hash to the name: every version
+//! found here is downloaded and verified, never trusted for its size or ETag.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use crate::checkpoint::{self, CheckpointError, CheckpointId};
+use crate::store::{ObjectStore, ObjectVersion, StoreError};
+
+/// What the versions of one checkpoint's name say, beyond its current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// The newest version is a delete marker: the checkpoint was deleted at
+    /// `deleted_at` (by `prune`, or by anyone who could). `restorable`: the newest
+    /// earlier version that verifies, and when it was stored.
+    Hidden {
+        id: CheckpointId,
+        deleted_at: SystemTime,
+        restorable: Option<(String, SystemTime)>,
+    },
+    /// A version of the name holds bytes that are not this checkpoint: the name was
+    /// overwritten (or first written) with other bytes at `stored_at`.
+    Tampered {
+        id: CheckpointId,
+        version_id: String,
+        stored_at: SystemTime,
+        current: bool,
+        reason: String,
+    },
+}
+
+/// The versions of each checkpoint name, newest first; `None` when the store keeps
+/// no versions.
+pub fn versions_by_checkpoint(
+    store: &dyn ObjectStore,
+) -> Result<Option<BTreeMap<CheckpointId, Vec<ObjectVersion>>>, StoreError> {
+    let Some(versions) = store.versions()? else {
+        return Ok(None);
+    };
+    let mut by_id: BTreeMap<CheckpointId, Vec<ObjectVersion>> = BTreeMap::new();
+    for version in versions {
+        if let Some(id) = CheckpointId::from_object_name(&version.name) {
+            by_id.entry(id).or_default().push(version);
+        }
+    }
+    for versions in by_id.values_mut() {
+        // Newest first; a delete marker before the data of the same second.
+        versions.sort_by(|a, b| {
+            (b.last_modified, b.delete_marker).cmp(&(a.last_modified, a.delete_marker))
+        });
+    }
+    Ok(Some(by_id))
+}
+
+/// Every hidden checkpoint and every version with other bytes than its name, each
+/// version verified by its bytes. `None` when the store keeps no versions.
+pub fn examine(store: &dyn ObjectStore) -> Result<Option<Vec<Finding>>, CheckpointError> {
+    let Some(by_id) = versions_by_checkpoint(store)? else {
+        return Ok(None);
+    };
+    let mut findings = Vec::new();
+    for (id, versions) in by_id {
+        let hidden_at = versions
+            .first()
+            .filter(|v| v.delete_marker)
+            .map(|v| v.last_modified);
+        let mut restorable = None;
+        for (i, version) in versions.iter().enumerate() {
+            if version.delete_marker {
+                continue;
+            }
+            match checkpoint::verify_object(store, &id, Some(&version.version_id)) {
+                Ok(()) => {
+                    if restorable.is_none() {
+                        restorable = Some((version.version_id.clone(), version.last_modified));
+                    }
+                }
+                Err(CheckpointError::Verify { failure, .. }) => findings.push(Finding::Tampered {
+                    id: id.clone(),
+                    version_id: version.version_id.clone(),
+                    stored_at: version.last_modified,
+                    current: i == 0,
+                    reason: failure.to_string(),
+                }),
+                Err(other) => return Err(other),
+            }
+        }
+        if let Some(deleted_at) = hidden_at {
+            findings.push(Finding::Hidden {
+                id,
+                deleted_at,
+                restorable,
+            });
+        }
+    }
+    Ok(Some(findings))
+}
+
+/// The newest version of a hidden (or overwritten) checkpoint whose bytes verify, to
+/// read it from; `None` if the store keeps no versions or none verifies.
+pub fn restorable_version(
+    store: &dyn ObjectStore,
+    id: &CheckpointId,
+) -> Result<Option<(String, SystemTime)>, CheckpointError> {
+    let Some(mut by_id) = versions_by_checkpoint(store)? else {
+        return Ok(None);
+    };
+    for version in by_id.remove(id).unwrap_or_default() {
+        if version.delete_marker {
+            continue;
+        }
+        match checkpoint::verify_object(store, id, Some(&version.version_id)) {
+            Ok(()) => return Ok(Some((version.version_id, version.last_modified))),
+            Err(CheckpointError::Verify { .. }) => continue,
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(None)
+}
