@@ -60,14 +60,8 @@ pub enum FsError {
     NotASymlink,
     #[error("unknown file handle")]
     BadHandle,
-    /// `gone`: the store no longer has the object (deleted since the listing, by
-    /// `prune` say): the checkpoint is absent, not broken.
     #[error("checkpoint {id} is unavailable: {reason}")]
-    Unverified {
-        id: String,
-        reason: String,
-        gone: bool,
-    },
+    Unverified { id: String, reason: String },
     /// Reading a verified checkpoint from the cache failed: never the caller's fault.
     #[error("reading the cache: {0}")]
     Io(std::io::Error),
@@ -103,7 +97,6 @@ impl FsError {
             FsError::IsADirectory => libc::EISDIR,
             FsError::NotASymlink => libc::EINVAL,
             FsError::BadHandle => libc::EBADF,
-            FsError::Unverified { gone: true, .. } => libc::ENOENT,
             FsError::Unverified { .. } | FsError::Io(_) | FsError::Store(_) => libc::EIO,
             FsError::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::Stale => libc::ESTALE,

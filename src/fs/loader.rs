@@ -45,8 +45,6 @@ pub enum Load {
     Loaded(Arc<VerifiedCheckpoint>),
     Failed {
         reason: String,
-        /// The store no longer has the object.
-        gone: bool,
         at: Instant,
     },
 }
@@ -180,21 +178,19 @@ impl Loader {
     pub fn checkpoint(&self, slot: &Slot) -> Result<Arc<VerifiedCheckpoint>, FsError> {
         let found = match &*slot.load.lock().expect("slot lock") {
             Load::Loaded(c) => Ok(Arc::clone(c)),
-            Load::Failed { reason, gone, .. } => Err((reason.clone(), *gone)),
-            Load::Unloaded | Load::Loading(_) => Err((
-                "not verified yet (evicted while in use); try again".to_owned(),
-                false,
-            )),
+            Load::Failed { reason, .. } => Err(reason.clone()),
+            Load::Unloaded | Load::Loading(_) => {
+                Err("not verified yet (evicted while in use); try again".to_owned())
+            }
         };
         match found {
             Ok(checkpoint) => {
                 self.shared.cache.promote(&checkpoint.id);
                 Ok(checkpoint)
             }
-            Err((reason, gone)) => Err(FsError::Unverified {
+            Err(reason) => Err(FsError::Unverified {
                 id: slot.info.id.to_string(),
                 reason,
-                gone,
             }),
         }
     }
@@ -285,7 +281,6 @@ impl Shared {
                 tracing::warn!(checkpoint = %id, error = %e, "checkpoint failed verification");
                 Load::Failed {
                     reason: e.to_string(),
-                    gone: matches!(e, CacheError::Verify(VerifyFailure::Missing)),
                     at: Instant::now(),
                 }
             }

@@ -42,11 +42,12 @@ fn contents_are_served_once_verified() {
 }
 
 #[test]
-fn a_checkpoint_deleted_since_the_listing_is_absent_not_broken() {
+fn a_checkpoint_deleted_since_the_listing_fails_until_the_next_listing_drops_it() {
     let (f, ids) = fixture(&[&[("a.txt", b"kept")], &[("b.txt", b"pruned")]]);
     let kept = checkpoint_dir(&f.fs, &ids[0]);
     wait_loaded(&f.fs, kept);
-    // Pruned while listed: what was loaded still reads, what was not is ENOENT.
+    // Pruned while listed: what was loaded still reads; what was not fails its
+    // verification ("missing"), which the SPEC answers with EIO.
     let store = crate::store::local::LocalStore::open(f.store_dir.path()).unwrap();
     for id in &ids {
         crate::store::ObjectStore::delete(&store, &id.object_name()).unwrap();
@@ -54,7 +55,7 @@ fn a_checkpoint_deleted_since_the_listing_is_absent_not_broken() {
     }
     let pruned = checkpoint_dir(&f.fs, &ids[1]);
     wait_loaded(&f.fs, pruned);
-    assert_eq!(f.fs.opendir(pruned).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(f.fs.opendir(pruned).unwrap_err().errno(), libc::EIO);
     let text = status(&f.fs);
     assert!(
         text.contains("FAILED: Checkpoint object is missing"),
