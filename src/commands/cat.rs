@@ -18,7 +18,7 @@ pub(super) fn run(cli: &Cli, args: &CatArgs) -> Result<i32> {
         crate::review::exact_for(&[args.checkpoint.as_str()]),
     )?;
     let info = session.resolve(&args.checkpoint)?;
-    let checkpoint = session.load(info)?;
+    let checkpoint = session.load(&info)?;
     session.trim(&[&info.id]);
     let mut file = open_file(&checkpoint, args.path.as_bytes())
         .with_context(|| format!("checkpoint {}", info.id))?;

@@ -22,8 +22,8 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
         crate::review::exact_for(&[args.old.as_str(), args.new.as_str()]),
     )?;
     let (old_info, new_info) = (session.resolve(&args.old)?, session.resolve(&args.new)?);
-    let old = session.load(old_info)?;
-    let new = session.load(new_info)?;
+    let old = session.load(&old_info)?;
+    let new = session.load(&new_info)?;
     session.trim(&[&old_info.id, &new_info.id]);
     let mut out = io::BufWriter::new(io::stdout().lock());
     if args.stat {

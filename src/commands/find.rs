@@ -23,7 +23,7 @@ pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
         crate::review::exact_for(&[args.checkpoint.as_str()]),
     )?;
     let info = session.resolve(&args.checkpoint)?;
-    let checkpoint = session.load(info)?;
+    let checkpoint = session.load(&info)?;
     session.trim(&[&info.id]);
     let end: &[u8] = if args.null { b"\0" } else { b"\n" };
     let mut out = io::BufWriter::new(io::stdout().lock());

@@ -48,7 +48,16 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         .collect();
     let shown: Vec<&CheckpointInfo> = match &args.lineage {
         None => session.listing.iter().collect(),
-        Some(given) => lineage(session.resolve(given)?, &parents, &listed),
+        Some(given) => {
+            let tip = session.resolve(given)?;
+            let Some(&tip) = listed.get(&tip.id) else {
+                anyhow::bail!(
+                    "--lineage {given}: checkpoint {} is not listed in the store",
+                    tip.id
+                );
+            };
+            lineage(tip, &parents, &listed)
+        }
     };
     let mut turns = Vec::with_capacity(shown.len());
     let nothing = empty_index();

@@ -16,9 +16,10 @@ use tempfile::TempDir;
 
 use super::{open_store, temp_dir};
 use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
-use crate::checkpoint::{self, CheckpointId, CheckpointInfo};
+use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, ReviewArgs};
-use crate::review::{self, Loader};
+use crate::history;
+use crate::review::{self, Loader, NameError};
 use crate::store::{DEFAULT_PART_SIZE, ObjectStore};
 
 pub(super) struct Session {
@@ -54,14 +55,53 @@ impl Session {
         })
     }
 
-    /// The listed checkpoint that `given` names.
-    pub fn resolve(&self, given: &str) -> Result<&CheckpointInfo> {
-        Ok(review::resolve(&self.listing, given)?)
+    /// The listed checkpoint that `given` names; a full sha256 that is not listed (a
+    /// checkpoint hidden by a delete, which [`load`](Self::load) may still read from
+    /// a versioned bucket) stands for itself.
+    pub fn resolve(&self, given: &str) -> Result<CheckpointInfo> {
+        match review::resolve(&self.listing, given) {
+            Ok(info) => Ok(info.clone()),
+            Err(NameError::Checkpoint(CheckpointError::UnknownPrefix(prefix)))
+                if CheckpointId::parse(&prefix).is_some() =>
+            {
+                Ok(CheckpointInfo {
+                    id: CheckpointId::parse(&prefix).expect("checked"),
+                    size: 0,
+                    last_modified: std::time::UNIX_EPOCH,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
-    /// A verified checkpoint; nothing of it is available before it verified.
+    /// A verified checkpoint; nothing of it is available before it verified. One
+    /// that fails (hidden by a delete, or its name overwritten) is read from the
+    /// newest version of a versioned bucket that verifies, and stderr says so.
     pub fn load(&self, info: &CheckpointInfo) -> Result<Arc<VerifiedCheckpoint>> {
-        self.loader()
+        let failure = match self.loader().load(info) {
+            Err(CacheError::Verify(failure)) => failure,
+            other => return other.with_context(|| format!("checkpoint {}", info.id)),
+        };
+        let earlier =
+            history::restorable_version(self.store.as_ref(), &info.id).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not look for an earlier version");
+                None
+            });
+        let Some((version_id, stored_at)) = earlier else {
+            return Err(CacheError::Verify(failure))
+                .with_context(|| format!("checkpoint {}", info.id));
+        };
+        eprintln!(
+            "checkpoint {}: {failure}; reading the version of {} ({version_id}), which verifies",
+            info.id,
+            humantime::format_rfc3339_seconds(stored_at)
+        );
+        let at_version = history::AtVersion {
+            inner: self.store.as_ref(),
+            name: info.id.object_name(),
+            version_id,
+        };
+        Loader::new(&at_version, &self.cache, self.max_archive_size, self.limits)
             .load(info)
             .with_context(|| format!("checkpoint {}", info.id))
     }

@@ -1316,6 +1316,13 @@ fn s3_a_locked_history_shows_deleted_and_overwritten_checkpoints() {
         assert_same_tree(tree, &dest);
     }
 
+    // The review commands read them the same way.
+    let cat = store.cmd("cat", [sha_one.as_str(), "hello.py"]).success();
+    assert_eq!(cat.stdout, "print('hello, checkpoint')\n", "{cat}");
+    assert!(cat.stderr.contains("which verifies"), "{cat}");
+    let cat = store.cmd("cat", [sha_two.as_str(), "f"]).success();
+    assert_eq!(cat.stdout, "two\n", "{cat}");
+
     // A prune on this bucket hides what it deletes, and says the bytes stay.
     write_file(&two.join("f"), b"three\n", 0o644);
     let (sha_three, _) = store.put(&two, &[]);
