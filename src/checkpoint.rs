@@ -100,7 +100,11 @@ pub fn claimed_parent(
     store: &dyn ObjectStore,
     id: &CheckpointId,
 ) -> Result<Option<CheckpointId>, StoreError> {
-    let meta = store.head(&id.object_name())?;
+    // Deleted since it was listed: it claims nothing any more.
+    let meta = match store.head(&id.object_name()) {
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        other => other?,
+    };
     Ok(meta
         .metadata
         .get(PARENT_KEY)
@@ -109,7 +113,7 @@ pub fn claimed_parent(
 }
 
 /// The capture time an object's metadata claims, if it is a valid one.
-fn decode_captured(metadata: &BTreeMap<String, String>) -> Option<SystemTime> {
+pub fn decode_captured(metadata: &BTreeMap<String, String>) -> Option<SystemTime> {
     humantime::parse_rfc3339(metadata.get(CAPTURED_KEY)?).ok()
 }
 
@@ -182,6 +186,13 @@ pub fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> 
     list_ordered(store, &mut CaptureTimes::default(), Exact::All).map(|(listed, _)| listed)
 }
 
+/// The checkpoints in the store, ordered without asking any object for its capture
+/// time (checkpoints of one second by digest): for callers to whom order does not
+/// matter (`verify`, resolving a prefix).
+pub fn list_unordered(store: &dyn ObjectStore) -> Result<Vec<CheckpointInfo>, StoreError> {
+    list_ordered(store, &mut CaptureTimes::default(), Exact::Requests(0)).map(|(listed, _)| listed)
+}
+
 /// Which part of a listing's order [`list_ordered`] must get right.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exact {
@@ -234,7 +245,7 @@ pub fn list_ordered(
                 Some(CheckpointInfo {
                     id: CheckpointId::from_object_name(&name)?,
                     size,
-                    last_modified,
+                    last_modified: plausible(last_modified),
                 })
             },
         )
@@ -303,6 +314,17 @@ pub fn list_ordered(
     );
     Ok((keyed.into_iter().map(|(_, c)| c).collect(), all_known))
 }
+/// A store time within what RFC 3339 can print (a local store's times are file
+/// mtimes, which whoever writes the directory can set to anything).
+fn plausible(time: SystemTime) -> SystemTime {
+    const LAST: u64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    match time.duration_since(UNIX_EPOCH) {
+        Err(_) => UNIX_EPOCH,
+        Ok(d) if d.as_secs() > LAST => UNIX_EPOCH + std::time::Duration::from_secs(LAST),
+        Ok(_) => time,
+    }
+}
+
 fn whole_second(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -348,7 +370,7 @@ pub fn resolve(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId, Che
     if !is_prefix(&name) {
         return Err(CheckpointError::NotADigest(name));
     }
-    resolve_listed(&list(store)?, &name).map(|c| c.id.clone())
+    resolve_listed(&list_unordered(store)?, &name).map(|c| c.id.clone())
 }
 
 /// The checkpoint of `checkpoints` (a listing) that a full digest or an unambiguous
@@ -523,16 +545,18 @@ pub fn open_object(
 
 /// Downloads and checks one checkpoint, keeping nothing.
 pub fn verify(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(), CheckpointError> {
-    verify_object(store, id, None)
+    verify_object(store, id, None, u64::MAX)
 }
 
-/// [`verify`] of one version of the object (see [`open_object`]).
+/// [`verify`] of one version of the object (see [`open_object`]), refused over
+/// `max_size`.
 pub fn verify_object(
     store: &dyn ObjectStore,
     id: &CheckpointId,
     version: Option<&str>,
+    max_size: u64,
 ) -> Result<(), CheckpointError> {
-    let reader = open_object(store, id, version, u64::MAX)?;
+    let reader = open_object(store, id, version, max_size)?;
     tracing::debug!(checkpoint = %id, bytes = reader.announced, "downloading to verify");
     let read = reader.finish()?;
     tracing::debug!(checkpoint = %id, bytes = read, "length and sha256 match the name");
@@ -702,7 +726,22 @@ pub fn store_archive(
         }
         match verify(store, &id) {
             Ok(()) if stored => StoreOutcome::Stored,
-            Ok(()) => StoreOutcome::AlreadyPresent,
+            // This capture is a new turn with an old turn's content: the object takes
+            // this capture's time, capture time and parent, so that it is listed as
+            // the newest turn and a prune's grace period covers it. If it was deleted
+            // since it verified (a prune), it is stored again.
+            Ok(()) => match store.refresh(&name, &metadata) {
+                Ok(()) => StoreOutcome::AlreadyPresent,
+                Err(StoreError::NotFound { .. }) => {
+                    store.put(&name, path, &metadata, PutMode::IfAbsent, progress)?;
+                    copied = 0;
+                    StoreOutcome::Stored
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %id, error = %e, "could not make the present object's time now: it keeps its earlier place in the turn order");
+                    StoreOutcome::AlreadyPresent
+                }
+            },
             Err(CheckpointError::Verify { failure, .. }) => {
                 tracing::warn!(checkpoint = %id, reason = %failure, "the stored object is damaged; replacing it");
                 store.put(&name, path, &metadata, PutMode::Overwrite, progress)?;
@@ -831,6 +870,9 @@ mod tests {
         }
         fn delete(&self, _: &str) -> Result<(), StoreError> {
             unreachable!("listing deletes nothing")
+        }
+        fn refresh(&self, _: &str, _: &BTreeMap<String, String>) -> Result<(), StoreError> {
+            unreachable!("listing changes nothing")
         }
         fn head(&self, name: &str) -> Result<crate::store::ObjectMeta, StoreError> {
             self.heads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use crate::checkpoint::{self, CheckpointError, CheckpointId};
+use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure};
 use crate::store::{ObjectStore, ObjectVersion, StoreError};
 
 /// What the versions of one checkpoint's name say, beyond its current state.
@@ -36,12 +36,14 @@ pub enum Finding {
     },
 }
 
-/// The versions of each checkpoint name, newest first; `None` when the store keeps
-/// no versions.
+/// The versions of each checkpoint name (of `id`'s only, if given), the current one
+/// first, then newest first; `None` when the store keeps no versions.
 pub fn versions_by_checkpoint(
     store: &dyn ObjectStore,
+    id: Option<&CheckpointId>,
 ) -> Result<Option<BTreeMap<CheckpointId, Vec<ObjectVersion>>>, StoreError> {
-    let Some(versions) = store.versions()? else {
+    let name = id.map(CheckpointId::object_name);
+    let Some(versions) = store.versions(name.as_deref())? else {
         return Ok(None);
     };
     let mut by_id: BTreeMap<CheckpointId, Vec<ObjectVersion>> = BTreeMap::new();
@@ -51,9 +53,14 @@ pub fn versions_by_checkpoint(
         }
     }
     for versions in by_id.values_mut() {
-        // Newest first; a delete marker before the data of the same second.
+        // The current version first (the store's word: times are whole seconds),
+        // then newest first.
         versions.sort_by(|a, b| {
-            (b.last_modified, b.delete_marker).cmp(&(a.last_modified, a.delete_marker))
+            (b.is_latest, b.last_modified, b.delete_marker).cmp(&(
+                a.is_latest,
+                a.last_modified,
+                a.delete_marker,
+            ))
         });
     }
     Ok(Some(by_id))
@@ -61,8 +68,11 @@ pub fn versions_by_checkpoint(
 
 /// Every hidden checkpoint and every version with other bytes than its name, each
 /// version verified by its bytes. `None` when the store keeps no versions.
-pub fn examine(store: &dyn ObjectStore) -> Result<Option<Vec<Finding>>, CheckpointError> {
-    let Some(by_id) = versions_by_checkpoint(store)? else {
+pub fn examine(
+    store: &dyn ObjectStore,
+    max_size: u64,
+) -> Result<Option<Vec<Finding>>, CheckpointError> {
+    let Some(by_id) = versions_by_checkpoint(store, None)? else {
         return Ok(None);
     };
     let mut findings = Vec::new();
@@ -76,7 +86,7 @@ pub fn examine(store: &dyn ObjectStore) -> Result<Option<Vec<Finding>>, Checkpoi
             if version.delete_marker {
                 continue;
             }
-            match checkpoint::verify_object(store, &id, Some(&version.version_id)) {
+            match checkpoint::verify_object(store, &id, Some(&version.version_id), max_size) {
                 Ok(()) => {
                     if restorable.is_none() {
                         restorable = Some((version.version_id.clone(), version.last_modified));
@@ -103,20 +113,42 @@ pub fn examine(store: &dyn ObjectStore) -> Result<Option<Vec<Finding>>, Checkpoi
     Ok(Some(findings))
 }
 
+/// Versions of one name [`restorable_version`] downloads at most: a writer can pile
+/// versions on a name, and each costs a download.
+pub const MAX_VERSIONS_TRIED: usize = 8;
+
+/// Whether a checkpoint that failed so may have an earlier version to read: it is
+/// gone, or its name holds other bytes. Not when it is too large, or its transfer
+/// broke (an earlier version would not help).
+pub fn worth_looking(failure: &VerifyFailure) -> bool {
+    matches!(
+        failure,
+        VerifyFailure::Missing
+            | VerifyFailure::ChecksumMismatch(_)
+            | VerifyFailure::SizeMismatch(_)
+    )
+}
+
 /// The newest version of a hidden (or overwritten) checkpoint whose bytes verify, to
-/// read it from; `None` if the store keeps no versions or none verifies.
+/// read it from; `None` if the store keeps no versions or none verifies. Versions
+/// larger than `max_size` are skipped, and at most [`MAX_VERSIONS_TRIED`] are
+/// downloaded.
 pub fn restorable_version(
     store: &dyn ObjectStore,
     id: &CheckpointId,
+    max_size: u64,
 ) -> Result<Option<(String, SystemTime)>, CheckpointError> {
-    let Some(mut by_id) = versions_by_checkpoint(store)? else {
+    let Some(mut by_id) = versions_by_checkpoint(store, Some(id))? else {
         return Ok(None);
     };
-    for version in by_id.remove(id).unwrap_or_default() {
-        if version.delete_marker {
-            continue;
-        }
-        match checkpoint::verify_object(store, id, Some(&version.version_id)) {
+    let candidates = by_id
+        .remove(id)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|v| !v.delete_marker && v.size <= max_size)
+        .take(MAX_VERSIONS_TRIED);
+    for version in candidates {
+        match checkpoint::verify_object(store, id, Some(&version.version_id), max_size) {
             Ok(()) => return Ok(Some((version.version_id, version.last_modified))),
             Err(CheckpointError::Verify { .. }) => continue,
             Err(other) => return Err(other),
@@ -166,11 +198,14 @@ impl ObjectStore for AtVersion<'_> {
     ) -> Result<crate::store::PutOutcome, StoreError> {
         self.inner.put(name, path, metadata, mode, progress)
     }
+    fn refresh(&self, name: &str, metadata: &BTreeMap<String, String>) -> Result<(), StoreError> {
+        self.inner.refresh(name, metadata)
+    }
     fn delete(&self, name: &str) -> Result<(), StoreError> {
         self.inner.delete(name)
     }
-    fn versions(&self) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
-        self.inner.versions()
+    fn versions(&self, name: Option<&str>) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+        self.inner.versions(name)
     }
     fn get_version(
         &self,

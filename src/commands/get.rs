@@ -33,9 +33,9 @@ pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
     // A checkpoint that a delete hid, or whose name now holds other bytes, is read
     // from the newest earlier version that verifies, if the bucket keeps versions.
     let summary = match get(None) {
-        Err(CheckpointError::Verify { failure, .. }) => {
+        Err(CheckpointError::Verify { failure, .. }) if history::worth_looking(&failure) => {
             // Looking is a second chance: if it fails, the first failure is the answer.
-            let earlier = history::restorable_version(store.as_ref(), &id).unwrap_or_else(|e| {
+            let earlier = history::restorable_version(store.as_ref(), &id, cli.max_archive_size).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not look for an earlier version");
                 None
             });

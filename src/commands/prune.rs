@@ -13,7 +13,7 @@ use crate::checkpoint;
 use crate::cli::{Cli, PruneArgs};
 use crate::prune::{Policy, decide};
 use crate::review;
-use crate::store::DEFAULT_PART_SIZE;
+use crate::store::{DEFAULT_PART_SIZE, StoreError};
 
 pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
     let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
@@ -62,8 +62,28 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
             continue;
         }
         if !args.dry_run {
+            // A capture may have found this content present since the listing and
+            // made the object its own (see `checkpoint::store_archive`): look again.
+            let name = info.id.object_name();
+            let captured = match store.head(&name) {
+                Ok(meta) => checkpoint::decode_captured(&meta.metadata),
+                Err(StoreError::NotFound { .. }) => None,
+                Err(e) => return Err(e).with_context(|| format!("checkpoint {}", info.id)),
+            };
+            let now = SystemTime::now();
+            if captured
+                .is_some_and(|t| now.duration_since(t).map_or(true, |age| age < policy.grace))
+            {
+                kept += 1;
+                writeln!(
+                    out,
+                    "keep          {}  {time}  captured again since the listing",
+                    info.id.short()
+                )?;
+                continue;
+            }
             store
-                .delete(&info.id.object_name())
+                .delete(&name)
                 .with_context(|| format!("cannot delete checkpoint {}", info.id))?;
         }
         let verb = if args.dry_run {
@@ -85,8 +105,12 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
         "kept {kept}, {done} {deleted} ({freed} bytes) in {}",
         store.describe()
     );
-    if deleted > 0 && !args.dry_run {
-        match store.versions() {
+    let first_deleted = decisions
+        .iter()
+        .find(|d| !d.keep())
+        .map(|d| d.info.id.object_name());
+    if let Some(name) = first_deleted.filter(|_| deleted > 0 && !args.dry_run) {
+        match store.versions(Some(&name)) {
             Ok(Some(_)) => eprintln!(
                 "the bucket keeps versions: the deleted checkpoints are hidden behind delete \
                  markers and their bytes stay (what Object Lock retains cannot be removed \

@@ -79,14 +79,15 @@ impl Session {
     /// newest version of a versioned bucket that verifies, and stderr says so.
     pub fn load(&self, info: &CheckpointInfo) -> Result<Arc<VerifiedCheckpoint>> {
         let failure = match self.loader().load(info) {
-            Err(CacheError::Verify(failure)) => failure,
+            Err(CacheError::Verify(failure)) if history::worth_looking(&failure) => failure,
             other => return other.with_context(|| format!("checkpoint {}", info.id)),
         };
         let earlier =
-            history::restorable_version(self.store.as_ref(), &info.id).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "could not look for an earlier version");
-                None
-            });
+            history::restorable_version(self.store.as_ref(), &info.id, self.max_archive_size)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not look for an earlier version");
+                    None
+                });
         let Some((version_id, stored_at)) = earlier else {
             return Err(CacheError::Verify(failure))
                 .with_context(|| format!("checkpoint {}", info.id));

@@ -209,6 +209,37 @@ impl ObjectStore for LocalStore {
         })
     }
 
+    fn refresh(&self, name: &str, metadata: &BTreeMap<String, String>) -> Result<(), StoreError> {
+        let path = self.path(name);
+        let object = match open_regular(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound { name: name.into() });
+            }
+            Err(e) => return Err(StoreError::io("open", &path, e)),
+        };
+        let doc = encode_sidecar(metadata);
+        let sidecar_tmp = self.temp_file(|f| f.write_all(doc.as_bytes()))?;
+        let sidecar = self.sidecar(name);
+        sidecar_tmp
+            .persist(&sidecar)
+            .map_err(|e| StoreError::io("rename into", &sidecar, e.error))?;
+        // The listing's time is the file's mtime; a read-only descriptor can set it
+        // (the file is ours), and the bytes are not touched.
+        let now = rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        };
+        rustix::fs::futimens(
+            &object,
+            &rustix::fs::Timestamps {
+                last_access: now,
+                last_modification: now,
+            },
+        )
+        .map_err(|e| StoreError::io("set the time of", &path, e.into()))
+    }
+
     fn delete(&self, name: &str) -> Result<(), StoreError> {
         // The object first: a sidecar without its object is never listed.
         for path in [self.path(name), self.sidecar(name)] {

@@ -51,6 +51,8 @@ pub struct ObjectVersion {
     pub size: u64,
     pub last_modified: SystemTime,
     pub delete_marker: bool,
+    /// The current version of its name (the store says so: times are whole seconds).
+    pub is_latest: bool,
 }
 
 /// What the store says about one object before its bytes are read.
@@ -157,10 +159,12 @@ pub trait ObjectStore: Send + Sync {
     /// Whether the object exists, without reading it.
     fn exists(&self, name: &str) -> Result<bool, StoreError>;
 
-    /// Every version of every object directly under the prefix, delete markers
-    /// included, in no particular order; `None` when the store keeps no versions (a
-    /// local directory, a bucket without versioning).
-    fn versions(&self) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+    /// Every version of every object directly under the prefix (of the object
+    /// `name` only, if given), delete markers included, in no particular order;
+    /// `None` when the store keeps no versions (a local directory, a bucket without
+    /// versioning).
+    fn versions(&self, name: Option<&str>) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+        let _ = name;
         Ok(None)
     }
 
@@ -173,6 +177,11 @@ pub trait ObjectStore: Send + Sync {
             message: format!("{} keeps no versions", self.describe()),
         })
     }
+
+    /// Replaces the object's user metadata with `metadata` and makes its time now,
+    /// without sending its bytes (S3: `CopyObject` onto itself); the bytes stay as
+    /// they are. Fails with [`StoreError::NotFound`] when there is no such object.
+    fn refresh(&self, name: &str, metadata: &BTreeMap<String, String>) -> Result<(), StoreError>;
 
     /// Deletes the object (on a versioned bucket: hides it behind a delete marker).
     /// Deleting an object that is not there is not an error.

@@ -730,7 +730,8 @@ impl ObjectStore for S3Store {
         self.get_object(name, Some(version_id))
     }
 
-    fn versions(&self) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+    fn versions(&self, only: Option<&str>) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+        let prefix = only.map_or_else(|| self.prefix.clone(), |name| self.key(name));
         let time = |t: Option<&aws_sdk_s3::primitives::DateTime>| {
             t.and_then(|t| SystemTime::try_from(*t).ok())
                 .unwrap_or(SystemTime::UNIX_EPOCH)
@@ -744,7 +745,7 @@ impl ObjectStore for S3Store {
                     self.client
                         .list_object_versions()
                         .bucket(&self.bucket)
-                        .prefix(&self.prefix)
+                        .prefix(&prefix)
                         .delimiter("/")
                         .set_key_marker(key_marker.take())
                         .set_version_id_marker(version_marker.take())
@@ -753,6 +754,7 @@ impl ObjectStore for S3Store {
                 .map_err(|e| self.remote_error("ListObjectVersions", "", &e))?;
             let name = |key: Option<&str>| {
                 key.and_then(|k| k.strip_prefix(&self.prefix))
+                    .filter(|name| only.is_none_or(|only| only == *name))
                     .map(str::to_owned)
             };
             for v in page.versions() {
@@ -765,6 +767,7 @@ impl ObjectStore for S3Store {
                     size: v.size().unwrap_or(0).max(0) as u64,
                     last_modified: time(v.last_modified()),
                     delete_marker: false,
+                    is_latest: v.is_latest() == Some(true),
                 });
             }
             for m in page.delete_markers() {
@@ -777,6 +780,7 @@ impl ObjectStore for S3Store {
                     size: 0,
                     last_modified: time(m.last_modified()),
                     delete_marker: true,
+                    is_latest: m.is_latest() == Some(true),
                 });
             }
             if page.is_truncated() != Some(true) {
@@ -799,6 +803,24 @@ impl ObjectStore for S3Store {
 
     fn exists(&self, name: &str) -> Result<bool, StoreError> {
         self.runtime.block_on(self.exists_async(name))
+    }
+
+    fn refresh(&self, name: &str, metadata: &BTreeMap<String, String>) -> Result<(), StoreError> {
+        let result = self.runtime.block_on(
+            self.client
+                .copy_object()
+                .bucket(&self.bucket)
+                .key(self.key(name))
+                .copy_source(copy_source(&self.bucket, &self.key(name)))
+                .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+                .set_metadata(Some(metadata.clone().into_iter().collect()))
+                .send(),
+        );
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Err(StoreError::NotFound { name: name.into() }),
+            Err(e) => Err(self.remote_error("CopyObject", name, &e)),
+        }
     }
 
     fn delete(&self, name: &str) -> Result<(), StoreError> {

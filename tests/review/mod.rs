@@ -50,6 +50,7 @@ both_stores!(
     turns_put_at_once_are_listed_by_capture_time,
     log_follows_each_sandbox_by_its_parents,
     prune_deletes_what_no_rule_keeps_and_says_why,
+    a_turn_with_an_old_turns_content_becomes_the_newest,
 );
 
 /// More than a second, so that S3 LastModified and file times order the turns.
@@ -1038,6 +1039,46 @@ fn prune_deletes_what_no_rule_keeps_and_says_why(store: &TestStore) {
     );
     assert!(
         pruned.lines()[0].ends_with(&format!("parent of {}", &seventh[..12])),
+        "{}",
+        pruned.stdout
+    );
+}
+
+/// A capture whose content is already stored (an agent undid its edits) is the
+/// newest turn all the same: the object takes the new capture's time and parent, so
+/// `latest` names it and a prune's grace period covers it.
+fn a_turn_with_an_old_turns_content_becomes_the_newest(store: &TestStore) {
+    let work = temp_dir();
+    let (one, two) = (work.path().join("one"), work.path().join("two"));
+    for (dir, text) in [(&one, "one\n"), (&two, "two\n")] {
+        make_dir(dir);
+        write_file(&dir.join("f"), text.as_bytes(), 0o644);
+    }
+    let first = store.put(&one, &[]).0;
+    let second = store.put(&two, &[]).0;
+    std::thread::sleep(CLOCK_TICK);
+    let again = store.put(&one, &["--parent", &second]).0;
+    assert_eq!(again, first, "the same tree is the same checkpoint");
+    let ls = store.cmd("ls", [] as [&str; 0]).success();
+    let order: Vec<&str> = ls
+        .lines()
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(order, [second.as_str(), first.as_str()], "{}", ls.stdout);
+    assert_eq!(store.cmd("cat", ["latest", "f"]).success().stdout, "one\n");
+    let meta = store.object_meta(&first).unwrap();
+    assert_eq!(meta.parent.as_deref(), Some(second.as_str()));
+    let pruned = store
+        .cmd("prune", ["--keep-last", "1", "--grace", "0s", "--dry-run"])
+        .success();
+    assert!(
+        pruned.lines()[0].starts_with("would delete"),
+        "{}",
+        pruned.stdout
+    );
+    assert!(
+        pruned.lines()[0].contains(&second[..12]),
         "{}",
         pruned.stdout
     );

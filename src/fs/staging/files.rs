@@ -180,10 +180,6 @@ impl StagingTree {
         let _changing = self.changing();
         self.check_not_frozen(ino)?;
         let file = self.open_file(ino, true)?;
-        if let Some(checkpoint) = &source.from {
-            let mut copied_from = self.copied_from.lock().expect("copied lock");
-            copied_from.insert(ino, checkpoint.id.clone());
-        }
         // Never past the source's own bytes: a packed file is a range of the pack.
         let mut remaining = len
             .min(source.size.saturating_sub(source_offset))
@@ -210,6 +206,12 @@ impl StagingTree {
             }
             copied += n;
             remaining -= n;
+        }
+        if copied > 0
+            && let Some(checkpoint) = &source.from
+        {
+            let mut copied_from = self.copied_from.lock().expect("copied lock");
+            copied_from.insert(ino, checkpoint.id.clone());
         }
         Ok(copied as u32)
     }

@@ -62,6 +62,14 @@ impl ObjectStore for FaultyStore {
         self.inner.list()
     }
 
+    fn refresh(
+        &self,
+        name: &str,
+        metadata: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), StoreError> {
+        self.inner.refresh(name, metadata)
+    }
+
     fn delete(&self, name: &str) -> Result<(), StoreError> {
         self.inner.delete(name)
     }
