@@ -733,18 +733,26 @@ fn cache_dir_is_filled_and_reused_unless_a_mount_holds_it(store: &TestStore) {
     );
 }
 
+/// Six turns of workspace `w` (in the returned directory) put in a loop, file `f`
+/// saying `turn N`; their digests in order.
+fn six_turns(store: &TestStore) -> (TempDir, Vec<String>) {
+    let work = temp_dir();
+    let w = work.path().join("w");
+    make_dir(&w);
+    let shas = (1..=6)
+        .map(|turn| {
+            write_file(&w.join("f"), format!("turn {turn}\n").as_bytes(), 0o644);
+            store.put(&w, &[]).0
+        })
+        .collect();
+    (work, shas)
+}
+
 /// Six turns put in a loop, several within one second (S3 gives whole seconds, and
 /// the digests order them at random): `ls`, `latest~N`, `cat` and a mount's `latest`
 /// and `by-time/` give the order they were taken in.
 fn turns_taken_within_one_second_keep_their_order(store: &TestStore) {
-    let work = temp_dir();
-    let w = work.path().join("w");
-    make_dir(&w);
-    let mut shas = Vec::new();
-    for turn in 1..=6 {
-        write_file(&w.join("f"), format!("turn {turn}\n").as_bytes(), 0o644);
-        shas.push(store.put(&w, &[]).0);
-    }
+    let (_work, shas) = six_turns(store);
     let ls = store.cmd("ls", [] as [&str; 0]).success();
     let listed: Vec<Vec<&str>> = ls
         .lines()
@@ -907,14 +915,8 @@ fn log_follows_each_sandbox_by_its_parents(store: &TestStore) {
 /// keeps, `verify` is clean after it, and a running mount drops the deleted ones at
 /// its next refresh while the rest still read; `--keep-lineage` keeps claimed parents.
 fn prune_deletes_what_no_rule_keeps_and_says_why(store: &TestStore) {
-    let work = temp_dir();
+    let (work, shas) = six_turns(store);
     let w = work.path().join("w");
-    make_dir(&w);
-    let mut shas = Vec::new();
-    for turn in 1..=6 {
-        write_file(&w.join("f"), format!("turn {turn}\n").as_bytes(), 0o644);
-        shas.push(store.put(&w, &[]).0);
-    }
     let listed = || -> Vec<String> {
         let ls = store.cmd("ls", [] as [&str; 0]).success();
         ls.lines()
