@@ -57,10 +57,14 @@ const BUCKETS: usize = 28;
 #[derive(Default)]
 struct Histogram {
     buckets: [AtomicU64; BUCKETS],
+    /// The sum of all samples, to tell the daemon's share of a job's time.
+    total_nanos: AtomicU64,
 }
 
 impl Histogram {
     fn record(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.total_nanos.fetch_add(nanos, Ordering::Relaxed);
         let micros = elapsed.as_micros().max(1) as u64;
         let bucket = (64 - micros.leading_zeros() as usize).min(BUCKETS - 1);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
@@ -99,8 +103,8 @@ impl Latencies {
         self.histograms[i].record(elapsed);
     }
 
-    /// One `#` line per operation seen: count, and the bounds (powers of two) under
-    /// which half and 99% of them answered.
+    /// One `#` line per operation seen: count, the bounds (powers of two) under
+    /// which half and 99% of them answered, and the time they took in all.
     pub fn render(&self) -> String {
         let mut text = String::new();
         for ((_, name), histogram) in OPS.iter().zip(&self.histograms) {
@@ -114,8 +118,12 @@ impl Latencies {
                 histogram.quantile(&counts, 0.99),
             );
             let requests = if total == 1 { "request" } else { "requests" };
-            text +=
-                &format!("# latency {name}: {total} {requests}, p50 < {p50:?}, p99 < {p99:?}\n");
+            let busy = Duration::from_nanos(histogram.total_nanos.load(Ordering::Relaxed));
+            text += &format!(
+                "# latency {name}: {total} {requests}, p50 < {p50:?}, p99 < {p99:?}, \
+                 total {:.3} s\n",
+                busy.as_secs_f64()
+            );
         }
         text
     }
@@ -136,7 +144,7 @@ mod tests {
         let text = latencies.render();
         assert_eq!(
             text,
-            "# latency lookup: 100 requests, p50 < 32µs, p99 < 4.096ms\n"
+            "# latency lookup: 100 requests, p50 < 32µs, p99 < 4.096ms, total 0.046 s\n"
         );
     }
 }

@@ -171,7 +171,7 @@ pub fn parse(text: &str) -> Report {
                     continue;
                 };
                 let parts: Vec<&str> = facts.split(", ").collect();
-                if let [requests, p50, p99] = parts[..] {
+                if let [requests, p50, p99, ..] = parts[..] {
                     report.latencies.push(Latency {
                         operation: operation.to_owned(),
                         requests: numbers(requests).first().copied().unwrap_or(0),
