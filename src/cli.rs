@@ -162,6 +162,9 @@ path (byte order):
   M PATH   modified: its contents, type, permission bits, numeric owner or symlink
            target differ
 
+Paths and symlink targets are escaped as `find` does (see `ckptfs find --help`), so a
+name cannot start a line of its own or drive the terminal.
+
 Entries below an added or removed directory are listed one by one, and so are those
 below a directory that took the place of a file (or the other way round: the path
 itself is then M). Contents are compared by the size and checksum recorded when the
@@ -192,7 +195,10 @@ points; so are a directory and a path that does not exist.";
 const FIND_ABOUT: &str = "\
 List the paths of a checkpoint (files, directories and symlinks, the root excepted),
 one per line, sorted in byte order (as `LC_ALL=C sort` would), relative to the
-checkpoint's root.
+checkpoint's root. Names are printed as data: a backslash is doubled, a newline, tab or
+carriage return is written \\n, \\t, \\r, another control character (or one that
+reorders text on screen) \\u{XX}, a byte that is not UTF-8 \\xNN; -0 prints the bytes
+as they are.
 
 PATTERN is a shell glob. A pattern without / is matched against each entry's name,
 like `find -name` (`*.py` finds Python files at any depth); one with / against its

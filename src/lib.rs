@@ -7,7 +7,8 @@
 //! names checkpoints and verifies them on top of a store. [`review`] compares and
 //! reads verified checkpoints for the host-side review commands; [`prune`] decides
 //! which checkpoints a keep policy keeps; [`history`] what a versioned bucket
-//! remembers of deleted and overwritten checkpoints. [`commands`] runs each
+//! remembers of deleted and overwritten checkpoints; [`printable`] how a name from
+//! outside is printed. [`commands`] runs each
 //! command of the CLI on top of the library, and is the only layer that prints; no
 //! library module imports [`cli`] or [`commands`].
 
@@ -21,6 +22,7 @@ pub mod fs;
 pub mod history;
 pub mod mount_helper;
 pub mod pipe;
+pub mod printable;
 pub mod prune;
 pub mod review;
 pub mod store;

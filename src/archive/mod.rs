@@ -289,9 +289,9 @@ pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> Ent
     meta
 }
 
-/// Renders a raw tar path for messages; non-UTF-8 bytes are shown escaped.
+/// Renders a raw path for messages and listings, escaped as [`crate::printable`] says.
 pub(crate) fn display_path(bytes: &[u8]) -> String {
-    bytes.escape_ascii().to_string()
+    crate::printable::escape(bytes).into_owned()
 }
 
 #[cfg(test)]

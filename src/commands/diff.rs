@@ -51,9 +51,8 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
         out.write_all(if first { b"]\n" } else { b"\n]\n" })?;
     } else {
         diff::diff(&old.index, &new.index, |change| -> Result<()> {
-            write!(out, "{} ", change.kind.marker())?;
-            out.write_all(change.path)?;
-            out.write_all(b"\n")?;
+            let path = crate::printable::escape(change.path);
+            writeln!(out, "{} {path}", change.kind.marker())?;
             if args.patch {
                 write_details(&mut out, change, &old, &new)?;
             }
@@ -157,11 +156,9 @@ fn write_details(
             writeln!(out, "owner {}:{} -> {}:{}", a.uid, a.gid, b.uid, b.gid)?;
         }
         if fields.target {
-            out.write_all(b"target ")?;
-            out.write_all(target(a))?;
-            out.write_all(b" -> ")?;
-            out.write_all(target(b))?;
-            out.write_all(b"\n")?;
+            let (a, b) = (target(a), target(b));
+            let (a, b) = (crate::printable::escape(a), crate::printable::escape(b));
+            writeln!(out, "target {a} -> {b}")?;
         }
     }
     let shows_contents = match change.kind {

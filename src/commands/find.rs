@@ -1,5 +1,6 @@
 //! `ckptfs find STORE CHECKPOINT [PATTERN]`: the paths of a verified checkpoint in
-//! byte order, optionally only those matching a glob.
+//! byte order, optionally only those matching a glob: escaped one per line (see
+//! [`crate::printable`]), or raw and NUL-ended with `-0`.
 
 use std::io::{self, Write};
 
@@ -29,7 +30,11 @@ pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
     let mut out = io::BufWriter::new(io::stdout().lock());
     walk(&checkpoint.index, |path, _, _| -> io::Result<()> {
         if filter.as_ref().is_none_or(|f| f.matches(path)) {
-            out.write_all(path)?;
+            if args.null {
+                out.write_all(path)?;
+            } else {
+                out.write_all(crate::printable::escape(path).as_bytes())?;
+            }
             out.write_all(end)?;
         }
         Ok(())

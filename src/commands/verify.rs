@@ -38,6 +38,8 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
                     CheckpointError::Verify { failure, .. } => failure.to_string(),
                     other => format!("{:#}", anyhow::Error::from(other)),
                 };
+                // The reason may quote the archive's own names.
+                let reason = crate::printable::escape(reason.as_bytes());
                 writeln!(out, "{id} FAILED: {reason}")?;
             }
         }

@@ -328,7 +328,9 @@ impl Sealer {
     }
 
     fn finished(&self, commit_name: &[u8], result: &Result<PutReport, FsError>) {
-        let shown = String::from_utf8_lossy(commit_name);
+        // The name is the writer's: shown escaped, so that it cannot forge a line of
+        // `.status` or of the log.
+        let shown = crate::printable::escape(commit_name);
         let mut seals = self.seals.lock().expect("seals lock");
         seals.in_progress.retain(|n| n != commit_name);
         let outcome = match result {
@@ -360,8 +362,9 @@ impl Sealer {
             }
             Err(e) => {
                 seals.failed += 1;
-                tracing::warn!(workspace = %shown, error = %e, "seal failed; the workspace is unchanged");
-                format!("{shown}: FAILED: {e}")
+                let error = crate::printable::escape(e.to_string().as_bytes()).into_owned();
+                tracing::warn!(workspace = %shown, %error, "seal failed; the workspace is unchanged");
+                format!("{shown}: FAILED: {error}")
             }
         };
         seals.outcomes.push(outcome);
@@ -381,7 +384,7 @@ impl Sealer {
         let result = self.seal_frozen(frozen.dir.as_fd(), parent);
         if result.is_ok() {
             if let Err(e) = self.staging.remove_sealed(frozen) {
-                let shown = String::from_utf8_lossy(name);
+                let shown = crate::printable::escape(name);
                 tracing::warn!(workspace = %shown, error = %e, "could not delete the sealed workspace's staged copy");
             }
         } else {

@@ -49,7 +49,7 @@ pub fn render(
     }
     text += latencies;
     for name in &seals.in_progress {
-        text += &format!("# seal in progress: {}\n", String::from_utf8_lossy(name));
+        text += &format!("# seal in progress: {}\n", crate::printable::escape(name));
     }
     for outcome in &seals.outcomes {
         text += &format!("# seal {outcome}\n");
@@ -125,6 +125,12 @@ pub struct CheckpointState {
     pub reason: Option<String>,
 }
 
+/// A name or an outcome as `.status` shows it escaped, given back as it was (lossily
+/// made UTF-8 for JSON).
+fn unescaped(text: &str) -> String {
+    String::from_utf8_lossy(&crate::printable::unescape(text)).into_owned()
+}
+
 fn numbers(text: &str) -> Vec<u64> {
     text.split(|c: char| !c.is_ascii_digit())
         .filter_map(|s| s.parse().ok())
@@ -180,9 +186,9 @@ pub fn parse(text: &str) -> Report {
                     });
                 }
             } else if let Some(name) = rest.strip_prefix("seal in progress: ") {
-                report.seals_in_progress.push(name.to_owned());
+                report.seals_in_progress.push(unescaped(name));
             } else if let Some(outcome) = rest.strip_prefix("seal ") {
-                report.seals.push(outcome.to_owned());
+                report.seals.push(unescaped(outcome));
             }
             continue;
         }

@@ -367,7 +367,7 @@ pub fn unified_diff(path: &[u8], old: Option<&[u8]>, new: Option<&[u8]>) -> Patc
     let mut out = Vec::new();
     let header = |side: &[u8], present: bool| -> Vec<u8> {
         if present {
-            [side, path].concat()
+            [side, crate::printable::escape(path).as_bytes()].concat()
         } else {
             b"/dev/null".to_vec()
         }

@@ -515,3 +515,45 @@ fn a_file_held_open_across_its_seal_never_reaches_a_file_made_after() {
         "files the kernel forgot are deleted"
     );
 }
+
+/// A commit name is the writer's: one holding a newline and a line of `.status`'s own
+/// shape cannot add that line to `.status`, to the daemon's log or to `ckptfs status
+/// --json`, which all show the one real seal.
+#[test]
+fn a_commit_name_cannot_forge_a_line_of_status() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-forged-name-");
+    let tree = work.path().join("tree");
+    make_small_tree(&tree, "forged");
+    let mount = Mount::new(&store).staging().start();
+    let fake = "f".repeat(64);
+    let name = format!("turn\n# seal x: sealed as {fake} (stored)");
+    cp_a(&tree, &mount.staged(&name));
+    fs::rename(mount.staged(&name), mount.committed(&name)).unwrap();
+    let sha = mount.commit_target(&name);
+
+    let status = mount.status_text();
+    let seals: Vec<&str> = status
+        .lines()
+        .filter(|l| l.starts_with("# seal "))
+        .collect();
+    assert_eq!(
+        seals,
+        [format!(
+            "# seal turn\\n# seal x: sealed as {fake} (stored): sealed as {sha} (stored)"
+        )],
+        "one seal, one line:\n{status}"
+    );
+    let log = mount.log_text();
+    assert!(
+        !log.lines().any(|l| l.starts_with("# seal x")),
+        "the log has a line of the name's: {log}"
+    );
+    let out = run(ckptfs().arg("status").arg(mount.path()).arg("--json")).success();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(
+        json["seals"],
+        serde_json::json!([format!("{name}: sealed as {sha} (stored)")]),
+        "JSON carries the name itself: {out}"
+    );
+}

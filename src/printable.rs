@@ -1,0 +1,143 @@
+//! Names are data: how a name that came from outside ckptfs (an archive's paths and
+//! symlink targets, a writer's names in `staging/`, a commit name) is printed in text
+//! read by people or split into lines by programs (`diff`, `find`, `.status`, error
+//! messages, logs), so that it can neither end a line nor drive the terminal.
+//!
+//! Printable UTF-8 passes as it is. A backslash is doubled; newline, carriage return and
+//! tab are written `\n`, `\r`, `\t`; any other control character (C0, DEL, C1) and the
+//! invisible characters that reorder text on screen (bidirectional controls, as in
+//! "Trojan Source") are written `\u{XX}`; bytes that are not UTF-8 are written `\xNN`.
+//! The escaping is reversible ([`unescape`]): a JSON rendering made from escaped text
+//! gives the name itself. Raw bytes stay available where a program asks for them
+//! (`find -0`, `cat`).
+
+use std::borrow::Cow;
+use std::fmt::Write;
+
+/// `bytes` as text that holds no control character, escaped as the module says.
+pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
+    if bytes
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'\\')
+    {
+        // The usual case: printable ASCII, shown as it is.
+        return Cow::Borrowed(std::str::from_utf8(bytes).expect("ASCII"));
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() || reorders(c) => {
+                    let _ = write!(out, "\\u{{{:x}}}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The bytes `text` was escaped from; a sequence [`escape`] never writes is kept as
+/// it is.
+pub fn unescape(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.extend_from_slice(&rest.as_bytes()[..at]);
+        let escaped = &rest[at..];
+        let (bytes, used): (Vec<u8>, usize) = match escaped.as_bytes().get(1) {
+            Some(b'\\') => (vec![b'\\'], 2),
+            Some(b'n') => (vec![b'\n'], 2),
+            Some(b'r') => (vec![b'\r'], 2),
+            Some(b't') => (vec![b'\t'], 2),
+            Some(b'x') => match escaped
+                .get(2..4)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                Some(b) => (vec![b], 4),
+                None => (vec![b'\\'], 1),
+            },
+            Some(b'u') => {
+                let code = escaped
+                    .strip_prefix("\\u{")
+                    .and_then(|r| r.split_once('}'))
+                    .and_then(|(hex, _)| u32::from_str_radix(hex, 16).ok().map(|c| (c, hex)))
+                    .and_then(|(c, hex)| char::from_u32(c).map(|c| (c, hex.len())));
+                match code {
+                    Some((c, digits)) => (c.to_string().into_bytes(), 4 + digits),
+                    None => (vec![b'\\'], 1),
+                }
+            }
+            _ => (vec![b'\\'], 1),
+        };
+        out.extend_from_slice(&bytes);
+        rest = &escaped[used..];
+    }
+    out.extend_from_slice(rest.as_bytes());
+    out
+}
+
+/// The bidirectional formatting characters: invisible, they change the order in which
+/// the text around them is shown.
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn printable_names_pass_and_the_rest_is_escaped() {
+        assert!(matches!(
+            escape(b"src/main.rs"),
+            Cow::Borrowed("src/main.rs")
+        ));
+        assert_eq!(escape("café/é".as_bytes()), "café/é");
+        assert_eq!(escape(b"a\nb\tc\rd\\e"), "a\\nb\\tc\\rd\\\\e");
+        assert_eq!(
+            escape(b"\x1b[2K\x1b[1A.bashrc"),
+            "\\u{1b}[2K\\u{1b}[1A.bashrc"
+        );
+        assert_eq!(escape(b"caf\xe9\xff"), "caf\\xe9\\xff");
+        assert_eq!(
+            escape("x\u{202e}y\u{85}\u{7f}".as_bytes()),
+            "x\\u{202e}y\\u{85}\\u{7f}"
+        );
+    }
+
+    #[test]
+    fn a_forged_line_stays_on_its_line() {
+        let name = b"turn\n# seal forged: sealed as ffff (stored)";
+        let shown = escape(name);
+        assert_eq!(shown.lines().count(), 1);
+        assert!(!shown.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn unknown_escapes_are_kept() {
+        assert_eq!(unescape("a\\qb\\x\\u{zz}\\"), b"a\\qb\\x\\u{zz}\\");
+    }
+
+    proptest! {
+        #[test]
+        fn escaping_is_reversible_and_leaves_no_control(name in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let shown = escape(&name);
+            prop_assert!(!shown.chars().any(|c| c.is_control() || reorders(c)));
+            prop_assert_eq!(unescape(&shown), name);
+        }
+
+        #[test]
+        fn text_with_backslashes_round_trips(text in "[a-z\\\\\u{1b}\n\u{202e}é]{0,24}") {
+            prop_assert_eq!(unescape(&escape(text.as_bytes())), text.as_bytes());
+        }
+    }
+}
