@@ -177,9 +177,11 @@ added, removed or modified; fields: the names of what differs, among type, conte
 mode, owner and target; old and new: null or {type, mode, uid, gid, and size or
 target}). Paths
 that are not UTF-8 are written with \\xNN escapes there. --patch adds below each line
-what changed in it: a unified diff for text files of up to 16MiB (`--- a/PATH`,
+what changed in it: a unified diff for text files of up to 4MiB (`--- a/PATH`,
 `+++ b/PATH`), \"Binary files differ\" when either side holds a NUL byte in its first
-8000 bytes, and lines such as `mode 0644 -> 0755` for the other fields.
+8000 bytes, and lines such as `mode 0644 -> 0755` for the other fields. Looking for a
+minimal diff takes at most 0.5 s a file and 3 s in all; after that a file's diff shows
+the rest of it as removed and added.
 
 Both checkpoints are downloaded and verified before anything is printed.";
 

@@ -11,7 +11,9 @@ use super::review_session::Session;
 use crate::archive::index::{Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 use crate::cli::{Cli, DiffArgs};
-use crate::review::diff::{self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, Patch};
+use crate::review::diff::{
+    self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, Patch, PatchBudget,
+};
 use crate::review::tree::FileReader;
 
 pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
@@ -50,11 +52,12 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
         })?;
         out.write_all(if first { b"]\n" } else { b"\n]\n" })?;
     } else {
+        let mut budget = PatchBudget::default();
         diff::diff(&old.index, &new.index, |change| -> Result<()> {
             let path = crate::printable::escape(change.path);
             writeln!(out, "{} {path}", change.kind.marker())?;
             if args.patch {
-                write_details(&mut out, change, &old, &new)?;
+                write_details(&mut out, change, (&old, &new), &mut budget)?;
             }
             Ok(())
         })?;
@@ -141,8 +144,8 @@ fn json(change: &Change<'_>) -> JsonChange {
 fn write_details(
     out: &mut impl Write,
     change: &Change<'_>,
-    old: &VerifiedCheckpoint,
-    new: &VerifiedCheckpoint,
+    (old, new): (&VerifiedCheckpoint, &VerifiedCheckpoint),
+    budget: &mut PatchBudget,
 ) -> Result<()> {
     if let (Some((_, a)), Some((_, b))) = (change.old, change.new) {
         let fields = change.fields;
@@ -193,6 +196,7 @@ fn write_details(
         change.path,
         old_data.flatten().as_deref(),
         new_data.flatten().as_deref(),
+        budget,
     ) {
         Patch::Text(text) => out.write_all(&text)?,
         Patch::Binary => writeln!(out, "Binary files differ")?,

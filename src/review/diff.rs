@@ -16,7 +16,7 @@
 //! held, and changes are handed to the caller as they are found.
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use similar::{Algorithm, TextDiff};
 
@@ -332,11 +332,33 @@ impl DiffStats {
 }
 
 /// Largest file (on either side) that `diff --patch` shows as text.
-pub const PATCH_MAX_BYTES: u64 = 16 << 20;
+pub const PATCH_MAX_BYTES: u64 = 4 << 20;
 
 /// How long finding a minimal diff of one file may take before a larger, still
-/// correct one is accepted.
-const PATCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// correct one is accepted (the rest of the file shown as removed and added).
+const PATCH_SEARCH_PER_FILE: Duration = Duration::from_millis(500);
+
+/// How long one command may spend searching for minimal diffs over all its files.
+const PATCH_SEARCH_TOTAL: Duration = Duration::from_secs(3);
+
+/// The search time `diff --patch` has left. Myers' search costs up to the product of
+/// the two files' line counts when they differ everywhere (a minified file, a file
+/// rewritten): each file gets at most [`PATCH_SEARCH_PER_FILE`], and once the command
+/// has spent [`PATCH_SEARCH_TOTAL`], files get the quick diff the search falls back
+/// to, which is correct and linear in the lines, only not minimal. A hostile pair of
+/// trees thus costs reading and hashing their lines, not their product.
+#[derive(Debug)]
+pub struct PatchBudget {
+    left: Duration,
+}
+
+impl Default for PatchBudget {
+    fn default() -> Self {
+        PatchBudget {
+            left: PATCH_SEARCH_TOTAL,
+        }
+    }
+}
 
 /// A file's contents as `diff --patch` shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,14 +378,21 @@ pub fn looks_binary(data: &[u8]) -> bool {
 /// The unified diff (3 lines of context) of file `path` from `old` to `new`
 /// (`None`: no file on that side). Lines are compared as bytes: text that is not
 /// UTF-8 is shown as it is.
-pub fn unified_diff(path: &[u8], old: Option<&[u8]>, new: Option<&[u8]>) -> Patch {
+pub fn unified_diff(
+    path: &[u8],
+    old: Option<&[u8]>,
+    new: Option<&[u8]>,
+    budget: &mut PatchBudget,
+) -> Patch {
     if old.is_some_and(looks_binary) || new.is_some_and(looks_binary) {
         return Patch::Binary;
     }
+    let started = Instant::now();
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
-        .timeout(PATCH_TIMEOUT)
+        .deadline(started + budget.left.min(PATCH_SEARCH_PER_FILE))
         .diff_lines(old.unwrap_or_default(), new.unwrap_or_default());
+    budget.left = budget.left.saturating_sub(started.elapsed());
     let mut out = Vec::new();
     let header = |side: &[u8], present: bool| -> Vec<u8> {
         if present {
@@ -490,31 +519,36 @@ mod tests {
 
     #[test]
     fn unified_diffs_of_text_and_binary() {
-        let Patch::Text(text) = unified_diff(b"f.txt", Some(b"a\nb\nc\n"), Some(b"a\nB\nc\n"))
-        else {
+        let mut budget = PatchBudget::default();
+        let Patch::Text(text) = unified_diff(
+            b"f.txt",
+            Some(b"a\nb\nc\n"),
+            Some(b"a\nB\nc\n"),
+            &mut budget,
+        ) else {
             panic!("not text")
         };
         assert_eq!(
             String::from_utf8(text).unwrap(),
             "--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
         );
-        let Patch::Text(text) = unified_diff(b"new", None, Some(b"x")) else {
+        let Patch::Text(text) = unified_diff(b"new", None, Some(b"x"), &mut budget) else {
             panic!("not text")
         };
         assert_eq!(
             String::from_utf8(text).unwrap(),
             "--- /dev/null\n+++ b/new\n@@ -0,0 +1 @@\n+x\n\\ No newline at end of file\n"
         );
-        let Patch::Text(text) = unified_diff(b"l1", Some(b"caf\xe9\n"), None) else {
+        let Patch::Text(text) = unified_diff(b"l1", Some(b"caf\xe9\n"), None, &mut budget) else {
             panic!("not text")
         };
         assert_eq!(text, b"--- a/l1\n+++ /dev/null\n@@ -1 +0,0 @@\n-caf\xe9\n");
         assert_eq!(
-            unified_diff(b"empty", None, Some(b"")),
+            unified_diff(b"empty", None, Some(b""), &mut budget),
             Patch::Text(Vec::new())
         );
         assert_eq!(
-            unified_diff(b"bin", Some(b"a\0b"), Some(b"text")),
+            unified_diff(b"bin", Some(b"a\0b"), Some(b"text"), &mut budget),
             Patch::Binary
         );
     }
