@@ -181,6 +181,21 @@ fn seal_error(e: CheckpointError) -> FsError {
     }
 }
 
+/// Why the mount could not read back an archive its indexer refused, if the refusal is
+/// the archive's (a limit, a hostile entry) and not the cache's (a full disk).
+fn unreadable(e: &ArchiveError) -> Option<FsError> {
+    match e {
+        ArchiveError::TooLarge { .. }
+        | ArchiveError::TooManyEntries(_)
+        | ArchiveError::UnpackedTooLarge(_)
+        | ArchiveError::MetadataTooLarge(_)
+        | ArchiveError::Hostile { .. } => Some(FsError::TooLarge(format!(
+            "the mount could not read the workspace back: {e}"
+        ))),
+        _ => None,
+    }
+}
+
 impl Sealer {
     pub fn new(
         staging: Arc<StagingTree>,
@@ -426,6 +441,14 @@ impl Sealer {
         drop(tar_copy);
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;
+        // The indexer reads the archive as the mount would read it back: what it
+        // refuses (more entries than --max-entries, metadata past its limit, a path
+        // too long) must not be stored, nor the workspace deleted for it.
+        if let Some((_, Err(e))) = &indexed
+            && let Some(refusal) = unreadable(e)
+        {
+            return Err(refusal);
+        }
         tracing::debug!(bytes = written.size, "archived and indexed; storing");
         let object = CheckpointId::parse(&written.sha256)
             .expect("a sha256 is an id")

@@ -92,6 +92,35 @@ fn a_workspace_over_the_archive_limit_fails_with_efbig() {
     assert_same_tree(&tree, &mount.staged("big"));
 }
 
+/// A seal refuses what the mount's own limits would refuse to read back (here more
+/// entries than `--max-entries`): before, it stored the archive and deleted the
+/// workspace, and `commit/NAME` then answered EIO.
+#[test]
+fn a_workspace_the_mount_could_not_read_back_fails_with_efbig() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-entries-");
+    let tree = work.path().join("tree");
+    for i in 0..150 {
+        write_file(&tree.join(format!("f{i:03}")), b"x\n", 0o644);
+    }
+    let mount = Mount::new(&store)
+        .staging()
+        .args(["--max-entries", "100"])
+        .start();
+    cp_a(&tree, &mount.staged("many"));
+    assert_errno(
+        "sealing 150 files under --max-entries 100",
+        fs::rename(mount.staged("many"), mount.committed("many")),
+        libc::EFBIG,
+    );
+    assert_nothing_sealed(&mount, &store, "many", &tree);
+    let status = mount.status_text();
+    assert!(
+        status.contains("--max-entries"),
+        "the limit is named:\n{status}"
+    );
+}
+
 #[test]
 fn a_seal_whose_upload_is_cut_fails_with_eio_and_a_retry_succeeds() {
     let store = TestStore::s3();
