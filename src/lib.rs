@@ -8,7 +8,7 @@
 //! reads verified checkpoints for the host-side review commands; [`prune`] decides
 //! which checkpoints a keep policy keeps; [`history`] what a versioned bucket
 //! remembers of deleted and overwritten checkpoints; [`printable`] how a name from
-//! outside is printed. [`commands`] runs each
+//! outside is printed; [`trusted`] which configured directories may be used. [`commands`] runs each
 //! command of the CLI on top of the library, and is the only layer that prints; no
 //! library module imports [`cli`] or [`commands`].
 
@@ -26,3 +26,4 @@ pub mod printable;
 pub mod prune;
 pub mod review;
 pub mod store;
+pub mod trusted;

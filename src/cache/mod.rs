@@ -63,6 +63,8 @@ pub enum CacheError {
     Archive(#[from] ArchiveError),
     #[error("cache {}: {cause}", path.display())]
     Io { path: PathBuf, cause: io::Error },
+    #[error("cache directory {0}")]
+    Untrusted(#[from] crate::trusted::TrustError),
 }
 
 impl From<CheckpointError> for CacheError {
@@ -175,9 +177,11 @@ pub fn private_dir(path: &Path) -> Result<(), CacheError> {
 }
 
 impl Cache {
-    /// Opens the cache directory, creating it, and forgets unfinished passes.
+    /// Opens the cache directory, creating it, and forgets unfinished passes. The
+    /// directory must be out of other users' reach (see [`crate::trusted`]); the cache
+    /// works in it by the path resolved there.
     pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, CacheError> {
-        private_dir(dir)?;
+        let dir = &crate::trusted::trusted_dir(dir)?;
         let lock_path = dir.join("lock");
         let lock = fs::OpenOptions::new()
             .create(true)

@@ -143,10 +143,10 @@ pub(super) fn member_cache(
     if size == 0 {
         return None;
     }
-    let made = crate::cache::private_dir(cache_dir)
+    let made = crate::trusted::trusted_dir(cache_dir)
         .map_err(|e| e.to_string())
-        .and_then(|()| {
-            crate::archive::members::MemberCache::open(&cache_dir.join("members"), size)
+        .and_then(|dir| {
+            crate::archive::members::MemberCache::open(&dir.join("members"), size)
                 .map_err(|e| e.to_string())
         });
     match made {

@@ -191,7 +191,8 @@ fn mounted_source(mountpoint: &Path) -> Option<String> {
 /// The store, the cache, the staging tree, and the filesystem over them.
 fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let store = open_store(cli, &args.store, args.part_size)?;
-    let cache_dir = cache_dir(args.cache_dir.as_deref())?;
+    // Resolved once, out of other users' reach; everything below goes by this path.
+    let cache_dir = crate::trusted::trusted_dir(&cache_dir(args.cache_dir.as_deref())?)?;
     // Cache errors name the directory.
     let cache = Arc::new(Cache::open(&cache_dir, args.cache_size)?);
     // SAFETY: getuid and getgid have no preconditions and cannot fail.
@@ -319,8 +320,7 @@ fn report_ready() {
 /// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
 /// report that the mount is ready.
 fn spawn_daemon(args: &MountArgs) -> Result<()> {
-    let cache_dir = cache_dir(args.cache_dir.as_deref())?;
-    cache::private_dir(&cache_dir)?;
+    let cache_dir = crate::trusted::trusted_dir(&cache_dir(args.cache_dir.as_deref())?)?;
     let log_path = cache_dir.join("ckptfs.log");
     let log = std::fs::OpenOptions::new()
         .create(true)

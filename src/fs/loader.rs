@@ -328,6 +328,6 @@ fn is_transient(error: &CacheError) -> bool {
         CacheError::Verify(VerifyFailure::Truncated { .. }) => true,
         CacheError::Verify(_) | CacheError::Archive(_) => false,
         CacheError::Checkpoint(_) => true,
-        CacheError::Io { .. } => false,
+        CacheError::Io { .. } | CacheError::Untrusted(_) => false,
     }
 }

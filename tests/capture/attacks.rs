@@ -306,6 +306,63 @@ fn a_staging_dir_is_made_private_and_must_be_ours() {
     }
 }
 
+/// A configured directory is resolved without following what another user placed:
+/// a symlink planted as `--cache-dir` or `--staging-dir` in a directory anyone may
+/// write (a sticky one, like /tmp) is refused, and the root-owned directory it points
+/// to is neither made private nor written; so is a path through another user's
+/// directory.
+#[test]
+fn a_planted_symlink_cannot_redirect_the_cache_or_staging() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-planted-dir-");
+    let shared = work.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = work.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o755)).unwrap();
+    let planted = shared.join("ckptfs");
+    symlink(&victim, &planted).unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    let theirs = work.path().join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    for flag in ["--cache-dir", "--staging-dir"] {
+        for (dir, why) in [
+            (planted.clone(), "belongs to uid 65534"),
+            (theirs.join("below"), "which belongs to uid 65534"),
+        ] {
+            let mnt = work.path().join("mnt");
+            fs::create_dir_all(&mnt).unwrap();
+            let mut cmd = ckptfs();
+            cmd.arg("mount")
+                .arg(store.url())
+                .arg(&mnt)
+                .arg("--foreground");
+            if flag == "--staging-dir" {
+                cmd.arg("--cache-dir").arg(work.path().join("cache"));
+            }
+            cmd.arg(flag).arg(&dir);
+            let out = run(&mut cmd).failure();
+            assert!(out.stderr.contains(why), "{flag} {}: {out}", dir.display());
+        }
+        assert_eq!(
+            fs::metadata(&victim).unwrap().mode() & 0o7777,
+            0o755,
+            "{flag}: the victim was made private"
+        );
+        assert_eq!(
+            fs::read_dir(&victim).unwrap().count(),
+            0,
+            "{flag}: written into"
+        );
+        assert!(
+            !theirs.join("below").exists(),
+            "{flag}: made in their directory"
+        );
+    }
+}
+
 /// Every staged path an attacker can name is opened without following symlinks: a
 /// workspace whose top-level name is a symlink to a host directory cannot be sealed
 /// (or deleted), and the host directory is untouched.

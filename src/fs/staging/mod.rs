@@ -34,7 +34,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -269,11 +268,13 @@ impl StagingTree {
     /// must belong to the daemon's user, and becomes mode 0700, so that no other user
     /// of the host can change a workspace behind a seal's back.
     pub fn at(root: &Path) -> Result<Self, FsError> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(root)
-            .map_err(FsError::Os)?;
+        // Out of other users' reach, or another directory could be served here.
+        let root = &crate::trusted::trusted_dir(root).map_err(|e| {
+            FsError::Os(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                e.to_string(),
+            ))
+        })?;
         let dir = rfs::open(
             root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
