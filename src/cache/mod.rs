@@ -373,7 +373,10 @@ impl Cache {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         private_dir(&dir)?;
-        PendingEntry::create(dir, Arc::clone(&self.blobs))
+        // A pass that cannot even start (no descriptor left, say) leaves nothing.
+        PendingEntry::create(dir.clone(), Arc::clone(&self.blobs)).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&dir);
+        })
     }
 
     /// Completes an entry whose contents were indexed from bytes that hashed to `id`.

@@ -230,10 +230,10 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     ))
 }
 
-/// Staging holds one descriptor per inode the kernel knows (see `staging.rs`), and a
-/// workspace easily has tens of thousands: raise the limit on open files as far as
+/// Staging keeps a bounded number of descriptors (see `fs/staging`), but loads, seals
+/// and read-ahead each hold some at once: raise the limit on open files as far as
 /// allowed (the system's maximum where the daemon may raise its hard limit, else the
-/// hard limit).
+/// hard limit), so that busy moments never meet the usual soft limit of 1,024.
 fn raise_open_file_limit() {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let current = getrlimit(Resource::Nofile);

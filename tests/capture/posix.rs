@@ -12,7 +12,7 @@ use ckptfs::cache::read_at;
 use super::{cp_a, sh};
 use crate::util::mount::{Mount, MountedStore, repo_temp_dir};
 use crate::util::sys::{assert_errno, c_path, libc_result};
-use crate::util::tree::{assert_same_tree, make_sample_tree, random_bytes};
+use crate::util::tree::{assert_same_tree, make_sample_tree, make_small_tree, random_bytes};
 use crate::util::{TestStore, run};
 
 /// xorshift64*: a fixed seed gives the same run every time.
@@ -731,4 +731,34 @@ fn walk_files(root: &Path) -> u64 {
     let mut seen = std::collections::HashSet::new();
     walk(root, &mut seen);
     seen.len() as u64
+}
+
+/// A writer making 40,000 directories in `staging/` cannot use up the daemon's
+/// descriptors: it keeps a bounded number open (the most recently used directories
+/// and files) and opens others again by name, so a checkpoint still loads, another
+/// workspace can still be made, and a directory made first is still reached.
+#[test]
+fn many_directories_cannot_use_up_the_daemons_descriptors() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-dirs-");
+    let tree = work.path().join("tree");
+    make_small_tree(&tree, "loaded");
+    let (sha, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store).staging().start();
+    let storm = mount.staged("storm");
+    fs::create_dir(&storm).unwrap();
+    for i in 0..40_000 {
+        let dir = storm.join(format!("d{i:05}"));
+        fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("mkdir {}: {e}\n{}", dir.display(), mount.log_excerpt()));
+    }
+    let held = fs::read_dir(format!("/proc/{}/fd", mount.pid()))
+        .unwrap()
+        .count();
+    assert!(held < 2_000, "the daemon holds {held} descriptors");
+
+    assert_same_tree(&tree, &mount.join(&sha));
+    fs::create_dir(mount.staged("other")).unwrap();
+    fs::write(storm.join("d00000/f"), b"first").unwrap();
+    assert_eq!(fs::read(storm.join("d00000/f")).unwrap(), b"first");
 }

@@ -1,9 +1,11 @@
 //! `staging/`: a writable POSIX tree backed by a directory on local disk.
 //!
-//! Every directory the kernel knows is held as an `O_PATH` descriptor, other files as
-//! names in those, and every operation is a `*at()` call relative to such
-//! descriptors, the way libfuse's passthrough filesystems work: renames, hard links
-//! and deletions are handled by the backing filesystem. FUSE inode numbers are the
+//! Every inode the kernel knows is held as a name in its directory, and every
+//! operation is a `*at()` call relative to a directory's `O_PATH` descriptor, the way
+//! libfuse's passthrough filesystems work: renames, hard links and deletions are
+//! handled by the backing filesystem. Directory descriptors are kept for the most
+//! recently used [`DIR_FDS`] directories and opened again by name when needed, so a
+//! writer cannot use up the daemon's descriptors by making directories. FUSE inode numbers are the
 //! backing inode numbers with [`STAGING_BIT`] set. Reads and writes come by inode,
 //! since the kernel opens files without asking the daemon (see `files.rs`).
 //!
@@ -32,12 +34,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lru::LruCache;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec};
 
 mod changes;
@@ -93,17 +97,19 @@ pub struct Caller {
     pub gid: u32,
 }
 
-/// An inode the kernel knows, with how to reach it. Directories keep an `O_PATH`
-/// descriptor: they are few, and everything below them is reached through them.
-/// Other files are reached by name in their directory, so that a workspace of any
-/// size needs one descriptor per directory, not per file.
+/// An inode the kernel knows, with how to reach it: by name in its directory. A
+/// directory is reached through an `O_PATH` descriptor, kept in [`StagingTree::dirs`]
+/// while there is room and opened again by name from its parent's when not, so that
+/// the daemon's descriptors are bounded whatever a writer makes in `staging/`.
 struct Known {
     lookups: u64,
     place: Place,
 }
 
 enum Place {
-    Dir(Arc<OwnedFd>),
+    /// A directory's one name (directories have no other links); kept up to date by
+    /// rename, which goes through this tree.
+    Dir { parent: u64, name: Vec<u8> },
     /// The names (directory inode, name) the file is known by; kept up to date by
     /// rename, link and unlink, which all go through this tree.
     Links(Vec<(u64, Vec<u8>)>),
@@ -122,10 +128,21 @@ enum Loc {
     At(Arc<OwnedFd>, Vec<u8>),
 }
 
+/// Directory descriptors kept open at most: with the open files of `files.rs`, all the
+/// descriptors staging holds, however many directories the kernel knows.
+#[cfg(not(test))]
+const DIR_FDS: usize = 1024;
+/// A handful in unit tests, so that every test (the model test of `staging/` among
+/// them) opens directories again by name all the time.
+#[cfg(test)]
+const DIR_FDS: usize = 3;
+
 pub struct StagingTree {
     root_fd: Arc<OwnedFd>,
     root_ino: u64,
     known: Mutex<HashMap<u64, Known>>,
+    /// Descriptors of known directories, the most recently used kept (see [`Known`]).
+    dirs: Mutex<LruCache<u64, Arc<OwnedFd>>>,
     /// [`GRAVEYARD`], where parked files are kept.
     graveyard: Arc<OwnedFd>,
     /// Files opened for reads and writes, which come by inode (see `files.rs`).
@@ -317,6 +334,7 @@ impl StagingTree {
             root_fd: Arc::new(root_fd),
             root_ino,
             known: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(LruCache::new(NonZeroUsize::new(DIR_FDS).expect("non-zero"))),
             graveyard: Arc::new(graveyard),
             files: files::OpenFiles::default(),
             listings: Mutex::new(HashMap::new()),
@@ -335,45 +353,81 @@ impl StagingTree {
         }
     }
 
-    /// The descriptor of directory `ino`.
+    /// The descriptor of directory `ino`: the one kept, or opened again by name from
+    /// the nearest directory whose descriptor is kept (`staging/` itself at worst), one
+    /// name at a time without following links, each checked to be the directory it
+    /// names (`Stale` if a name now holds another inode).
     fn fd(&self, ino: u64) -> Result<Arc<OwnedFd>, FsError> {
-        if ino == inode::STAGING {
-            return Ok(Arc::clone(&self.root_fd));
+        let mut way_down = Vec::new();
+        let mut at = ino;
+        let mut fd = loop {
+            if at == inode::STAGING {
+                break Arc::clone(&self.root_fd);
+            }
+            if let Some(fd) = self.dirs.lock().expect("dirs lock").get(&at) {
+                break Arc::clone(fd);
+            }
+            let known = self.known.lock().expect("staging lock");
+            let (parent, name) = match known.get(&at) {
+                Some(Known {
+                    place: Place::Dir { parent, name },
+                    ..
+                }) => (*parent, name.clone()),
+                Some(_) if at == ino => return Err(FsError::NotADirectory),
+                _ => return Err(FsError::Stale),
+            };
+            // Records follow real renames, so they form a tree; this bounds the climb
+            // all the same.
+            if way_down.len() > known.len() {
+                return Err(FsError::Stale);
+            }
+            drop(known);
+            way_down.push((at, name));
+            at = parent;
+        };
+        for (ino, name) in way_down.into_iter().rev() {
+            let next = rfs::openat(
+                &*fd,
+                OsStr::from_bytes(&name),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|_| FsError::Stale)?;
+            if self.fuse_ino(rfs::fstat(&next).map_err(os)?.st_ino) != ino {
+                return Err(FsError::Stale);
+            }
+            fd = Arc::new(next);
+            (self.dirs.lock().expect("dirs lock")).put(ino, Arc::clone(&fd));
         }
-        match self.known.lock().expect("staging lock").get(&ino) {
-            Some(Known {
-                place: Place::Dir(fd),
-                ..
-            }) => Ok(Arc::clone(fd)),
-            Some(_) => Err(FsError::NotADirectory),
-            None => Err(FsError::Stale),
-        }
+        Ok(fd)
     }
 
     fn loc(&self, ino: u64) -> Result<Loc, FsError> {
         if ino == inode::STAGING {
             return Ok(Loc::Dir(Arc::clone(&self.root_fd)));
         }
+        // The names, or `None` for a directory or a parked file; the lock is not held
+        // past this, since `fd` takes it again.
         let links = match self.known.lock().expect("staging lock").get(&ino) {
-            Some(Known {
-                place: Place::Dir(fd),
-                ..
-            }) => return Ok(Loc::Dir(Arc::clone(fd))),
-            Some(Known {
-                place: Place::Parked,
-                ..
-            }) => {
-                let name = parked_name(ino);
-                return match self.child_ino(&self.graveyard, &name) == Some(ino) {
-                    true => Ok(Loc::At(Arc::clone(&self.graveyard), name)),
-                    false => Err(FsError::Stale),
-                };
-            }
             Some(Known {
                 place: Place::Links(links),
                 ..
-            }) => links.clone(),
+            }) => Some(links.clone()),
+            Some(_) => None,
             None => return Err(FsError::Stale),
+        };
+        let Some(links) = links else {
+            let name = parked_name(ino);
+            return match self.fd(ino) {
+                Ok(fd) => Ok(Loc::Dir(fd)),
+                Err(FsError::NotADirectory)
+                    if self.child_ino(&self.graveyard, &name) == Some(ino) =>
+                {
+                    Ok(Loc::At(Arc::clone(&self.graveyard), name))
+                }
+                Err(FsError::NotADirectory) => Err(FsError::Stale),
+                Err(e) => Err(e),
+            };
         };
         // A name is used only if it still names this very inode: names can go stale
         // behind this bookkeeping (a sealed workspace is deleted on disk, not through
@@ -408,14 +462,19 @@ impl StagingTree {
         entry.lookups += 1;
         match dir_fd {
             Some(fd) => {
-                if !matches!(entry.place, Place::Dir(_)) {
-                    entry.place = Place::Dir(Arc::new(fd));
-                }
+                // The name it was just found by is its one name.
+                entry.place = Place::Dir {
+                    parent,
+                    name: name.to_vec(),
+                };
+                drop(known);
+                (self.dirs.lock().expect("dirs lock")).put(ino, Arc::new(fd));
             }
             None => {
                 if !matches!(entry.place, Place::Links(_)) {
                     // The backing inode number now belongs to another file.
                     entry.place = Place::Links(Vec::new());
+                    self.dirs.lock().expect("dirs lock").pop(&ino);
                 }
                 if let Place::Links(links) = &mut entry.place
                     && !links.iter().any(|(p, n)| *p == parent && n == name)
@@ -433,6 +492,12 @@ impl StagingTree {
         let Some(entry) = known.get_mut(&ino) else {
             return;
         };
+        if let (Place::Dir { parent, name }, Some((to_parent, to_name))) = (&mut entry.place, to)
+            && *parent == from.0
+            && name.as_slice() == from.1
+        {
+            (*parent, *name) = (to_parent, to_name.to_vec());
+        }
         if let Place::Links(links) = &mut entry.place {
             links.retain(|(p, n)| !(*p == from.0 && n == from.1));
             if let Some((parent, name)) = to {
@@ -550,6 +615,7 @@ impl StagingTree {
                         rfs::unlinkat(&*self.graveyard, OsStr::from_bytes(&name), AtFlags::empty());
                 }
                 drop(known);
+                self.dirs.lock().expect("dirs lock").pop(&ino);
                 self.files.forget(ino);
                 self.copied_from.lock().expect("copied lock").remove(&ino);
             }
