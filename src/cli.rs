@@ -477,7 +477,8 @@ pub struct MountArgs {
     /// Stay in the foreground instead of daemonizing once the mount is ready.
     #[arg(short, long, env = "CKPTFS_FOREGROUND")]
     pub foreground: bool,
-    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf).
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf; with
+    /// a writable staging/, needs the daemon to run as root).
     #[arg(long, env = "CKPTFS_ALLOW_OTHER")]
     pub allow_other: bool,
     /// Show every entry as owned by the mounting user instead of the archive's owners.

@@ -33,6 +33,15 @@ use crate::fs::{CheckpointFs, FsConfig, StagingTree};
 const READY_FD_ENV: &str = "CKPTFS_READY_FD";
 
 pub(super) fn run(cli: &Cli, args: &MountArgs) -> Result<i32> {
+    // Without root the daemon cannot give a file to the user who made it: with other
+    // users let in, everything they made in staging/ would be the daemon's user's, and
+    // the kernel's permission checks between them would mean nothing.
+    if args.allow_other && !args.read_only && !rustix::process::geteuid().is_root() {
+        anyhow::bail!(
+            "--allow-other with a writable staging/ needs the daemon to run as root \
+             (files other users make there must be theirs); add --read-only, or run it as root"
+        );
+    }
     detach_dead_mount(&args.mountpoint)?;
     check_mountpoint(&args.mountpoint)?;
     if args.foreground {

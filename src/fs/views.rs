@@ -201,8 +201,11 @@ impl Subtree for Views {
                 self.attr(ino, FileKind::Directory, 4096, 0o555, 2, changed),
                 LISTING_TTL,
             ),
+            // Shared like staging/ (sticky, writable by all the mount lets in): anyone
+            // may seal a workspace of theirs; staging/'s sticky bit keeps them from
+            // moving someone else's, and nothing but a seal can change commit/.
             Inode::Commit => (
-                self.attr(ino, FileKind::Directory, 4096, 0o755, 2, self.mounted_at),
+                self.attr(ino, FileKind::Directory, 4096, 0o1777, 2, self.mounted_at),
                 LISTING_TTL,
             ),
             Inode::Latest => {

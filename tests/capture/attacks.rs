@@ -449,9 +449,10 @@ fn a_writable_mapping_cannot_change_a_workspace_behind_its_seal() {
 }
 
 /// `staging/` itself is shared (sticky, like /tmp) and cannot be chmodded or
-/// chowned: its backing directory stays the daemon's, 0700.
+/// chowned: its backing directory stays the daemon's, 0700. With `--allow-other`,
+/// another user makes workspaces there and seals them, and only theirs.
 #[test]
-fn staging_itself_cannot_be_opened_up_and_other_users_get_their_own_workspaces() {
+fn staging_itself_cannot_be_opened_up_and_other_users_get_and_seal_their_own_workspaces() {
     let store = TestStore::local();
     let mount = Mount::new(&store).staging().args(["--allow-other"]).start();
     let staging = mount.join("staging");
@@ -492,6 +493,22 @@ fn staging_itself_cannot_be_opened_up_and_other_users_get_their_own_workspaces()
             "rmdir",
         ])
         .arg(staging.join("root-ws")));
+    assert!(!out.status.success(), "{out}");
+    assert!(staging.join("root-ws").is_dir());
+    // They seal their own workspace (commit/ lets anyone the mount lets in move a
+    // workspace there), and cannot seal someone else's (staging/ is sticky).
+    fs::write(staging.join("nobody-ws/f"), b"theirs\n").unwrap();
+    let as_nobody = |script: &str| {
+        run(std::process::Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .args(["sh", "-c", script])
+            .current_dir(mount.path()))
+    };
+    let out = as_nobody("mv staging/nobody-ws commit/nobody-ws");
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let sha = mount.commit_target("nobody-ws");
+    assert_eq!(fs::read(mount.join(&sha).join("f")).unwrap(), b"theirs\n");
+    let out = as_nobody("mv staging/root-ws commit/root-ws");
     assert!(!out.status.success(), "{out}");
     assert!(staging.join("root-ws").is_dir());
 }
@@ -613,4 +630,29 @@ fn a_commit_name_cannot_forge_a_line_of_status() {
         serde_json::json!([format!("{name}: sealed as {sha} (stored)")]),
         "JSON carries the name itself: {out}"
     );
+}
+
+/// A daemon that is not root cannot give a file to the user who made it: with other
+/// users let in, everything they made in `staging/` would be the daemon's user's. It
+/// refuses `--allow-other` with a writable `staging/`, saying why.
+#[test]
+fn a_daemon_without_root_does_not_let_other_users_into_staging() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("capture-nonroot-other-");
+    let mnt = work.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = run(std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_ckptfs"))
+        .arg("mount")
+        .arg(store.url())
+        .arg(&mnt)
+        .args(["--foreground", "--allow-other"]))
+    .failure();
+    assert!(
+        out.stderr
+            .contains("--allow-other with a writable staging/ needs the daemon to run as root"),
+        "{out}"
+    );
+    assert!(crate::util::mount::mount_entry(&mnt).is_none(), "mounted");
 }
