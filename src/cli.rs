@@ -399,6 +399,7 @@ impl LimitArgs {
             max_entries: self.max_entries,
             max_unpacked_bytes: self.max_unpacked_size,
             max_metadata_bytes: self.max_metadata_size,
+            max_index_bytes: u64::MAX,
         }
     }
 }
@@ -502,6 +503,11 @@ pub struct MountArgs {
     /// first accesses beyond it wait in order.
     #[arg(long, value_name = "N", env = "CKPTFS_LOADERS")]
     pub loaders: Option<usize>,
+    /// The memory loaded checkpoints' indexes may take in all: checkpoints nobody
+    /// uses are unloaded (kept on disk) to stay within it, and an archive whose index
+    /// alone would take more than half of it is refused.
+    #[arg(long, default_value = "512MiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMORY_BUDGET")]
+    pub memory_budget: u64,
     /// Request threads of the FUSE session.
     #[arg(long, default_value = "4", value_name = "N", env = "CKPTFS_THREADS")]
     pub threads: usize,

@@ -22,7 +22,9 @@ fn main() -> ExitCode {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("ckptfs: error: {err:#}");
+            // One line, whatever names the causes quote.
+            let text = format!("{err:#}");
+            eprintln!("ckptfs: error: {}", ckptfs::printable::message(&text));
             ExitCode::FAILURE
         }
     }

@@ -44,6 +44,37 @@ pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A message (an error, a reason) that may quote names, made one line of printable
+/// text: control and reordering characters are escaped as in [`escape`], but
+/// backslashes are left as they are, since names quoted in it may be escaped already.
+pub fn message(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() || reorders(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || reorders(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A value shown by [`message`], for `tracing` fields and `format!`.
+pub struct Message<T>(pub T);
+
+impl<T: std::fmt::Display> std::fmt::Display for Message<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&message(&self.0.to_string()))
+    }
+}
+
 /// The bytes `text` was escaped from; a sequence [`escape`] never writes is kept as
 /// it is.
 pub fn unescape(text: &str) -> Vec<u8> {
@@ -87,7 +118,16 @@ pub fn unescape(text: &str) -> Vec<u8> {
 /// The bidirectional formatting characters: invisible, they change the order in which
 /// the text around them is shown.
 fn reorders(c: char) -> bool {
-    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    matches!(
+        c,
+        '\u{61c}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
 }
 
 #[cfg(test)]
@@ -120,6 +160,14 @@ mod tests {
         let shown = escape(name);
         assert_eq!(shown.lines().count(), 1);
         assert!(!shown.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn a_message_is_one_line_and_keeps_its_escapes() {
+        let quoted = format!("cannot read {}: gone\nFORGED", escape(b"caf\xe9\n"));
+        assert_eq!(message(&quoted), "cannot read caf\\xe9\\n: gone\\nFORGED");
+        assert_eq!(Message("a\u{2028}b").to_string(), "a\\u{2028}b");
+        assert!(matches!(message("plain"), Cow::Borrowed("plain")));
     }
 
     #[test]

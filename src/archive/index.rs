@@ -79,7 +79,36 @@ pub enum FileLocation {
     Own,
 }
 
+/// What one node of a loaded index takes in memory besides its name: the node itself,
+/// its entry in its parent's children, and the allocator's overhead for the name and
+/// for a directory's list of children (measured: 131 bytes a node for an index of 2
+/// million directories).
+pub const NODE_MEMORY: u64 =
+    (std::mem::size_of::<Node>() + std::mem::size_of::<(Vec<u8>, u32)>() + 48) as u64;
+
+/// What one entry may take in memory while its archive is being indexed: a loaded
+/// node's share, plus the map of a directory's children that the builder keeps until
+/// the end. Measured: an archive implying 2 million directories took a daemon to
+/// 876 MiB while it was indexed, 460 bytes an entry; every entry is counted as a
+/// directory.
+pub const BUILD_NODE_MEMORY: u64 = 464;
+
 impl Index {
+    /// About what the index takes in memory: what a mount counts against its memory
+    /// budget for a loaded checkpoint.
+    pub fn memory(&self) -> u64 {
+        let names: u64 = self
+            .nodes
+            .iter()
+            .map(|node| match &node.kind {
+                NodeKind::Dir { children } => children.iter().map(|(n, _)| n.len() as u64).sum(),
+                NodeKind::Symlink { target } => target.len() as u64,
+                NodeKind::File { .. } => 0,
+            })
+            .sum();
+        self.nodes.len() as u64 * NODE_MEMORY + names
+    }
+
     pub fn node(&self, index: u32) -> Option<&Node> {
         self.nodes.get(index as usize)
     }

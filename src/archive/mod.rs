@@ -44,6 +44,10 @@ pub enum ArchiveError {
     UnpackedTooLarge(u64),
     #[error("the archive's paths and link targets take more than {0} bytes (--max-metadata-size)")]
     MetadataTooLarge(u64),
+    #[error(
+        "the archive's index would take more than {0} bytes of memory (half of --memory-budget)"
+    )]
+    IndexTooLarge(u64),
     #[error("the archive is not a valid tar.gz: {0}")]
     Corrupt(io::Error),
     #[error("{}: {reason}", path.display())]
@@ -69,6 +73,8 @@ pub struct Limits {
     pub max_entries: u64,
     pub max_unpacked_bytes: u64,
     pub max_metadata_bytes: u64,
+    /// The memory an index may take ([`index::Index::memory`]), counted as it is built.
+    pub max_index_bytes: u64,
 }
 
 impl Limits {
@@ -76,6 +82,7 @@ impl Limits {
         max_entries: 2_000_000,
         max_unpacked_bytes: 16 << 30,
         max_metadata_bytes: 256 << 20,
+        max_index_bytes: u64::MAX,
     };
 }
 
@@ -85,6 +92,9 @@ pub struct Tally {
     entries: u64,
     bytes: u64,
     metadata: u64,
+    /// What the index takes in memory so far, by [`index::BUILD_NODE_MEMORY`] a node and
+    /// every byte of paths (more than the index keeps of them: an upper bound).
+    memory: u64,
 }
 
 impl Tally {
@@ -93,6 +103,14 @@ impl Tally {
         self.entries += 1;
         if self.entries > self.limits.max_entries {
             return Err(ArchiveError::TooManyEntries(self.limits.max_entries));
+        }
+        self.memory(index::BUILD_NODE_MEMORY)
+    }
+
+    fn memory(&mut self, n: u64) -> Result<(), ArchiveError> {
+        self.memory = self.memory.saturating_add(n);
+        if self.memory > self.limits.max_index_bytes {
+            return Err(ArchiveError::IndexTooLarge(self.limits.max_index_bytes));
         }
         Ok(())
     }
@@ -116,7 +134,7 @@ impl Tally {
                 self.limits.max_metadata_bytes,
             ));
         }
-        Ok(())
+        self.memory(n as u64)
     }
 
     pub fn unpacked_bytes(&self) -> u64 {
@@ -173,6 +191,7 @@ pub fn for_each_entry<R: Read>(
         entries: 0,
         bytes: 0,
         metadata: 0,
+        memory: 0,
     };
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     loop {

@@ -83,6 +83,8 @@ fn own_files(dir: &Path) -> impl Iterator<Item = fs::Metadata> {
 pub struct VerifiedCheckpoint {
     pub id: CheckpointId,
     pub index: Index,
+    /// What the index takes in memory ([`Index::memory`]).
+    pub memory: u64,
     pub provenance: Provenance,
     dir: PathBuf,
     pack: File,
@@ -423,6 +425,7 @@ fn entry_with_index(
     let pack = File::open(&pack_path).map_err(io_err(&pack_path))?;
     Ok(VerifiedCheckpoint {
         id: id.clone(),
+        memory: index.memory(),
         index,
         provenance: Provenance::Store {
             verified_at: SystemTime::now(),

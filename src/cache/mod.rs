@@ -417,6 +417,12 @@ impl Cache {
             .put(id.clone(), size);
     }
 
+    /// The entries on disk, least recently used first.
+    pub fn least_recent_first(&self) -> Vec<CheckpointId> {
+        let entries = self.entries.lock().expect("cache lock");
+        entries.iter().rev().map(|(id, _)| id.clone()).collect()
+    }
+
     /// Marks `id` as just used, so that it is evicted last.
     pub fn promote(&self, id: &CheckpointId) {
         self.entries.lock().expect("cache lock").promote(id);

@@ -225,7 +225,11 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
         staging,
         FsConfig {
             max_archive_size: cli.max_archive_size,
-            limits: args.limits.limits(),
+            limits: crate::archive::Limits {
+                max_index_bytes: args.memory_budget / 2,
+                ..args.limits.limits()
+            },
+            memory_budget: args.memory_budget,
             owner_override: args.owner_self.then_some((uid, gid)),
             uid,
             gid,

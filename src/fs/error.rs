@@ -116,16 +116,18 @@ impl FsError {
         let errno = self.errno();
         if errno == libc::EIO {
             IO_ERRORS.fetch_add(1, Ordering::Relaxed);
-            let reason = self.to_string();
+            let reason = crate::printable::message(&self.to_string()).into_owned();
             if first_time(&reason) {
                 tracing::warn!(operation, ino, error = %reason, "answered EIO");
             } else {
                 tracing::debug!(operation, ino, error = %reason, "answered EIO (logged before)");
             }
         } else if self.is_notable() {
-            tracing::warn!(operation, ino, error = %self, errno, "request failed");
+            let error = crate::printable::Message(self);
+            tracing::warn!(operation, ino, %error, errno, "request failed");
         } else {
-            tracing::debug!(operation, ino, error = %self, errno, "request refused");
+            let error = crate::printable::Message(self);
+            tracing::debug!(operation, ino, %error, errno, "request refused");
         }
         errno
     }

@@ -19,7 +19,7 @@
 //! deleted from disk after every lock is released.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -90,7 +90,10 @@ pub fn default_loaders() -> usize {
 pub struct LoaderConfig {
     pub workers: usize,
     pub max_archive_size: u64,
+    /// `limits.max_index_bytes` is what one load may build; see [`Shared::make_room`].
     pub limits: Limits,
+    /// The memory loaded indexes may take in all (`u64::MAX`: no bound).
+    pub memory_budget: u64,
 }
 
 struct Shared {
@@ -99,6 +102,10 @@ struct Shared {
     catalog: Arc<Catalog>,
     max_archive_size: u64,
     limits: Limits,
+    memory_budget: u64,
+    /// Loads running now, each of which may build an index of up to
+    /// `limits.max_index_bytes`.
+    building: AtomicUsize,
     queue: Mutex<VecDeque<Arc<Slot>>>,
     queued: Condvar,
     stop: AtomicBool,
@@ -122,6 +129,8 @@ impl Loader {
             catalog,
             max_archive_size: config.max_archive_size,
             limits: config.limits,
+            memory_budget: config.memory_budget,
+            building: AtomicUsize::new(0),
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -204,6 +213,8 @@ impl Loader {
         }
         drop(load);
         self.shared.evict(&slot.info.id);
+        self.shared
+            .make_room(&slot.info.id, self.shared.memory_budget);
     }
 
     /// How many loads are waiting for a worker.
@@ -249,6 +260,12 @@ impl Shared {
     fn load(&self, slot: &Slot) {
         let started = Instant::now();
         let id = &slot.info.id;
+        // Room for the index this load may build, beside those the others may.
+        let building = self.building.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        let reserved = self.limits.max_index_bytes.saturating_mul(building);
+        if self.make_room(id, self.memory_budget.saturating_sub(reserved)) {
+            give_back_memory();
+        }
         let mut attempt = 0;
         let result = loop {
             let mtime = slot
@@ -265,7 +282,8 @@ impl Shared {
             );
             match result {
                 Err(e) if is_transient(&e) && attempt < RETRY_BACKOFF.len() => {
-                    tracing::warn!(checkpoint = %id, error = %e, "loading failed; trying again");
+                    let error = crate::printable::Message(&e);
+                    tracing::warn!(checkpoint = %id, %error, "loading failed; trying again");
                     std::thread::sleep(RETRY_BACKOFF[attempt]);
                     attempt += 1;
                 }
@@ -278,9 +296,12 @@ impl Shared {
                 Load::Loaded(checkpoint)
             }
             Err(e) => {
-                tracing::warn!(checkpoint = %id, error = %e, "checkpoint failed verification");
+                // The reason may quote the archive's own names (the tar crate's errors
+                // do): one line of printable text, for `.status` and the log.
+                let reason = crate::printable::message(&e.to_string()).into_owned();
+                tracing::warn!(checkpoint = %id, error = %reason, "checkpoint failed verification");
                 Load::Failed {
-                    reason: e.to_string(),
+                    reason,
                     at: Instant::now(),
                 }
             }
@@ -289,10 +310,53 @@ impl Shared {
             Load::Loading(waiters) => waiters,
             _ => Vec::new(),
         };
+        self.building.fetch_sub(1, Ordering::SeqCst);
         self.evict(id);
+        // A build leaves its working maps freed but held by this thread's arena.
+        self.make_room(id, self.memory_budget);
+        give_back_memory();
         for waiter in waiters {
             waiter();
         }
+    }
+
+    /// Keeps the memory of loaded indexes within `target`: unloads checkpoints nobody
+    /// uses (no open file, no reader), least recently used first; they stay in the
+    /// cache on disk and load again from there. `keep` (the checkpoint being loaded)
+    /// stays, and so does any checkpoint in use: memory is bounded by the budget plus
+    /// what readers hold.
+    /// Returns whether it unloaded any.
+    fn make_room(&self, keep: &CheckpointId, target: u64) -> bool {
+        if self.memory_budget == u64::MAX {
+            return false;
+        }
+        let memory_of = |slot: &Slot| match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(checkpoint) => checkpoint.memory,
+            _ => 0,
+        };
+        let mut held: u64 = self.catalog.all_slots().iter().map(|s| memory_of(s)).sum();
+        let mut unloaded = false;
+        if held <= target {
+            return unloaded;
+        }
+        for id in self.cache.least_recent_first() {
+            if held <= target {
+                break;
+            }
+            let Some(slot) = self.catalog.slot_of(&id).filter(|_| &id != keep) else {
+                continue;
+            };
+            let mut load = slot.load.lock().expect("slot lock");
+            if let Load::Loaded(checkpoint) = &*load
+                && Arc::strong_count(checkpoint) == 1
+            {
+                held = held.saturating_sub(checkpoint.memory);
+                tracing::debug!(checkpoint = %id, "unloaded to stay within --memory-budget");
+                *load = Load::Unloaded;
+                unloaded = true;
+            }
+        }
+        unloaded
     }
 
     /// Keeps the cache within its bound. `keep` (the checkpoint just loaded) stays: a
@@ -318,6 +382,17 @@ impl Shared {
             }
         });
         trash.empty();
+    }
+}
+
+/// Gives memory freed by an index (dropped, or abandoned half built) back to the
+/// system: glibc keeps freed memory in the arena of the thread that used it, so that
+/// each loader thread would otherwise hold on to the largest index it ever built.
+fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

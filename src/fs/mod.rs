@@ -55,7 +55,10 @@ use views::Views;
 
 pub struct FsConfig {
     pub max_archive_size: u64,
+    /// What one archive may be (its index at most `limits.max_index_bytes`).
     pub limits: Limits,
+    /// The memory loaded indexes may take in all, beyond those in use.
+    pub memory_budget: u64,
     /// Show every checkpoint entry as owned by this uid and gid.
     pub owner_override: Option<(u32, u32)>,
     /// Owner of the virtual directories: the mounting user.
@@ -263,6 +266,7 @@ impl CheckpointFs {
                 workers: config.loaders,
                 max_archive_size: config.max_archive_size,
                 limits: config.limits,
+                memory_budget: config.memory_budget,
             },
         ));
         let owners = Owners {

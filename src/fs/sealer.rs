@@ -189,6 +189,7 @@ fn unreadable(e: &ArchiveError) -> Option<FsError> {
         | ArchiveError::TooManyEntries(_)
         | ArchiveError::UnpackedTooLarge(_)
         | ArchiveError::MetadataTooLarge(_)
+        | ArchiveError::IndexTooLarge(_)
         | ArchiveError::Hostile { .. } => Some(FsError::TooLarge(format!(
             "the mount could not read the workspace back: {e}"
         ))),

@@ -90,20 +90,20 @@ impl LocalStore {
             open_regular(&path).and_then(|f| f.take(MAX_SIDECAR + 1).read_to_string(&mut text));
         match read {
             Ok(n) if n as u64 > MAX_SIDECAR => {
-                tracing::warn!(path = %path.display(), "ignoring a sidecar larger than {MAX_SIDECAR} bytes");
+                tracing::warn!(path = %crate::printable::Message(path.display()), "ignoring a sidecar larger than {MAX_SIDECAR} bytes");
                 return BTreeMap::new();
             }
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return BTreeMap::new(),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable sidecar");
+                tracing::warn!(path = %crate::printable::Message(path.display()), error = %e, "ignoring unreadable sidecar");
                 return BTreeMap::new();
             }
         }
         match decode_sidecar(&text) {
             Ok(metadata) => metadata,
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable sidecar");
+                tracing::warn!(path = %crate::printable::Message(path.display()), error = %e, "ignoring unreadable sidecar");
                 BTreeMap::new()
             }
         }
@@ -149,7 +149,7 @@ impl LocalStore {
                 .and_then(|t| now.duration_since(t).ok())
                 .is_some_and(|age| age > STALE_TEMP);
             if is_temp && stale {
-                tracing::info!(path = %entry.path().display(), "removing a temporary file left by an interrupted put");
+                tracing::info!(path = %crate::printable::Message(entry.path().display()), "removing a temporary file left by an interrupted put");
                 let _ = fs::remove_file(entry.path());
             }
         }

@@ -195,3 +195,53 @@ pub(super) fn oversized_and_unusable_checkpoints_are_refused(store: &TestStore) 
 fn list_dir(path: &std::path::Path) -> std::io::Result<Vec<fs::DirEntry>> {
     fs::read_dir(path)?.collect()
 }
+
+/// The tar crate's errors quote an entry's name and header fields as they are: the
+/// reason a hostile archive fails is shown on one line, in `.status` and in the log,
+/// so that it cannot forge lines of its own (here, names and a size field holding
+/// newlines).
+#[test]
+fn a_failing_archives_reason_cannot_forge_lines() {
+    use std::io::Write;
+    let mut header = [0u8; 512];
+    let name = b"x\nFORGED-LINE-FROM-NAME";
+    header[..name.len()].copy_from_slice(name);
+    header[100..108].copy_from_slice(b"0000644\0");
+    header[108..116].copy_from_slice(b"0000000\0");
+    header[116..124].copy_from_slice(b"0000000\0");
+    header[124..136].copy_from_slice(b"1\nFORGEDSZ\0\0");
+    header[136..148].copy_from_slice(b"00000000000\0");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut tar = header.to_vec();
+    tar.extend_from_slice(&[0u8; 512 * 3]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&tar).unwrap();
+    let gz = gz.finish().unwrap();
+    let sha = sha256_hex(&gz);
+    let store = TestStore::local();
+    store.write_object_bytes(&sha, &gz, Some((&sha, gz.len() as u64)));
+
+    let mount = Mount::new(&store).start();
+    let listed = fs::read_dir(mount.join(&sha)).map(drop);
+    assert_eq!(errno_of("ls of the hostile checkpoint", listed), libc::EIO);
+    let status = mount.status_text();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&sha))
+        .unwrap_or_else(|| panic!("no line for the checkpoint:\n{status}"));
+    assert!(
+        line.contains("FAILED: ") && line.contains("\\nFORGED"),
+        "{line}"
+    );
+    for (what, text) in [("status", &status), ("log", &mount.log_text())] {
+        assert!(
+            !text.lines().any(|l| l.starts_with("FORGED")),
+            "a forged line in the {what}:\n{text}"
+        );
+    }
+}

@@ -175,3 +175,67 @@ fn a_filesystem_dropped_as_it_starts_stops_its_loaders() {
         );
     }
 }
+
+/// Loaded indexes stay within the memory budget: a checkpoint nobody uses is unloaded
+/// to make room for the index a load may build (it stays on disk and loads again from
+/// there, with no download), and an archive whose index alone would take more than
+/// half the budget is refused, with the limit named in `.status`.
+#[test]
+fn loaded_indexes_stay_within_the_memory_budget() {
+    use crate::archive::index::{BUILD_NODE_MEMORY, NODE_MEMORY};
+    let tree = |prefix: char, n: usize| -> Vec<(String, Vec<u8>)> {
+        (0..n)
+            .map(|i| (format!("{prefix}{i:04}"), b"x".to_vec()))
+            .collect()
+    };
+    let mut trees: Vec<_> = "abcdef".chars().map(|c| tree(c, 200)).collect();
+    trees.push(tree('g', 2000));
+    let borrowed: Vec<Vec<(&str, &[u8])>> = trees
+        .iter()
+        .map(|t| t.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect())
+        .collect();
+    let refs: Vec<&[(&str, &[u8])]> = borrowed.iter().map(Vec::as_slice).collect();
+    // Half the budget is room for one small index being built (200 entries, names of
+    // 5 bytes); the rest holds four of them loaded (201 nodes each), not five.
+    let building = 200 * (BUILD_NODE_MEMORY + 5);
+    let loaded = 201 * NODE_MEMORY + 200 * 5;
+    assert!(
+        4 * loaded <= building && building < 5 * loaded,
+        "sizes changed: {building} {loaded}"
+    );
+    let (f, ids) = fixture_with(
+        &refs,
+        Options {
+            memory_budget: 2 * building,
+            loaders: 1,
+            ..Options::default()
+        },
+    );
+    let dirs: Vec<u64> = ids.iter().map(|id| checkpoint_dir(&f.fs, id)).collect();
+    let state = |i: usize| -> String {
+        let text = status(&f.fs);
+        text.lines()
+            .find(|l| l.starts_with(ids[i].as_str()))
+            .unwrap_or_else(|| panic!("no line for {i}:\n{text}"))
+            .to_owned()
+    };
+    for &dir in &dirs[..6] {
+        wait_loaded(&f.fs, dir);
+    }
+    assert!(
+        state(0).ends_with("listed"),
+        "the oldest is unloaded: {}",
+        state(0)
+    );
+    for i in 1..6 {
+        assert!(state(i).contains("verified"), "{}", state(i));
+    }
+    // It loads again from disk.
+    let gets = f.faults.gets.load(Ordering::SeqCst);
+    wait_loaded(&f.fs, dirs[0]);
+    assert_eq!(names(&f.fs, dirs[0]).len(), 202);
+    assert_eq!(f.faults.gets.load(Ordering::SeqCst), gets, "no download");
+    // Too large for the budget alone.
+    wait_loaded(&f.fs, dirs[6]);
+    assert!(state(6).contains("half of --memory-budget"), "{}", state(6));
+}

@@ -148,6 +148,7 @@ pub struct Fixture {
 pub struct Options {
     pub loaders: usize,
     pub cache_bytes: u64,
+    pub memory_budget: u64,
     pub read_only: bool,
     pub passthrough: bool,
 }
@@ -157,6 +158,7 @@ impl Default for Options {
         Options {
             loaders: 2,
             cache_bytes: 1 << 30,
+            memory_budget: u64::MAX,
             read_only: false,
             passthrough: false,
         }
@@ -225,7 +227,9 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
                 max_entries: 10_000,
                 max_unpacked_bytes: 1 << 30,
                 max_metadata_bytes: 1 << 30,
+                max_index_bytes: options.memory_budget / 2,
             },
+            memory_budget: options.memory_budget,
             owner_override: None,
             uid: 0,
             gid: 0,
