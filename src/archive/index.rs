@@ -137,6 +137,20 @@ pub trait ContentSink {
     fn contents_at(&mut self, _node: u32, _offset: u64, _len: u64) {}
 }
 
+/// A sink that keeps nothing: for reading an archive only to see whether it can be
+/// indexed within limits.
+pub struct Discard;
+
+impl ContentSink for Discard {
+    fn pack(&mut self, _data: &[u8]) -> io::Result<u64> {
+        Ok(0)
+    }
+
+    fn own_file(&mut self, _node: u32) -> io::Result<Box<dyn Write + '_>> {
+        Ok(Box::new(io::sink()))
+    }
+}
+
 fn cache_error(cause: io::Error) -> ArchiveError {
     ArchiveError::Io {
         context: "cannot write the cache".into(),

@@ -409,6 +409,25 @@ impl Sealer {
         result
     }
 
+    /// Whether the mount could read back the archive at `path`: an error naming the
+    /// limit if not.
+    fn check_readable(&self, path: &std::path::Path, mtime: i64) -> Result<(), FsError> {
+        let file = std::fs::File::open(path).map_err(|e| {
+            FsError::Store(format!(
+                "cannot read the archive back ({}): {e}",
+                path.display()
+            ))
+        })?;
+        let tar = flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file));
+        match index::build(tar, &mut index::Discard, self.config.limits, mtime) {
+            Err(e) => match unreadable(&e) {
+                Some(refusal) => Err(refusal),
+                None => Err(FsError::Store(format!("cannot read the archive back: {e}"))),
+            },
+            Ok(_) => Ok(()),
+        }
+    }
+
     fn seal_frozen(
         &self,
         dir: BorrowedFd<'_>,
@@ -445,10 +464,14 @@ impl Sealer {
         // The indexer reads the archive as the mount would read it back: what it
         // refuses (more entries than --max-entries, metadata past its limit, a path
         // too long) must not be stored, nor the workspace deleted for it.
-        if let Some((_, Err(e))) = &indexed
-            && let Some(refusal) = unreadable(e)
-        {
-            return Err(refusal);
+        match &indexed {
+            Some((_, Ok(_))) => {}
+            Some((_, Err(e))) if unreadable(e).is_some() => {
+                return Err(unreadable(e).expect("a refusal"));
+            }
+            // The cache failed (a full disk, no descriptor left), so the indexer could
+            // not say: read the archive once more, keeping nothing, to see.
+            _ => self.check_readable(archive.path(), mtime)?,
         }
         tracing::debug!(bytes = written.size, "archived and indexed; storing");
         let object = CheckpointId::parse(&written.sha256)

@@ -288,3 +288,34 @@ fn staging_is_not_served_by_passthrough_and_staging_itself_cannot_change() {
         & 0o7777;
     assert_eq!(mode, 0o700, "the backing directory stays private");
 }
+
+/// A seal whose cache fails (here, no entry can be started) cannot rely on its
+/// indexer to say whether the mount could read the archive back: it reads the archive
+/// once more, and refuses one past the mount's limits before anything is stored or
+/// deleted.
+#[test]
+fn a_seal_without_its_cache_still_refuses_what_the_mount_could_not_read() {
+    let (f, _) = fixture(&[]);
+    let ws = stage(&f.fs, b"many", b"x");
+    // The fixture's mount reads at most 10,000 entries.
+    for i in 0..10_000 {
+        let name = format!("f{i:05}");
+        let (_, opened) =
+            f.fs.create(ws, name.as_bytes(), 0o644, libc::O_WRONLY, ROOT_CALLER)
+                .unwrap();
+        f.fs.release(opened.fh);
+    }
+    std::fs::remove_dir_all(&f.cache_entries).unwrap();
+    std::fs::write(&f.cache_entries, b"in the way").unwrap();
+    let err = seal(&f.fs, b"many").unwrap_err();
+    assert_eq!(err.errno(), libc::EFBIG, "{err}");
+    assert!(err.to_string().contains("--max-entries"), "{err}");
+    assert_eq!(names(&f.fs, ws).len(), 10_003, "the workspace is kept");
+    assert!(
+        std::fs::read_dir(f.store_dir.path())
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing is stored"
+    );
+}
