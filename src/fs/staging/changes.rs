@@ -264,8 +264,13 @@ impl StagingTree {
 
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), FsError> {
         let _changing = self.changing();
-        let (fd, _) = self.child_not_frozen(parent, name)?;
-        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)
+        let (fd, victim) = self.child_not_frozen(parent, name)?;
+        let pin = victim.map(|v| self.pin_if_known(self.fuse_ino(v.st_ino)));
+        rfs::unlinkat(&*fd, OsStr::from_bytes(name), AtFlags::REMOVEDIR).map_err(os)?;
+        if let Some(pin) = pin {
+            pin.keep();
+        }
+        Ok(())
     }
 
     pub fn rename(
@@ -282,6 +287,14 @@ impl StagingTree {
         let ino = |stat: &Option<rfs::Stat>| stat.as_ref().map(|s| self.fuse_ino(s.st_ino));
         let (moved_ino, replaced_ino) = (ino(&moved), ino(&replaced));
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let is_dir =
+            |s: &rfs::Stat| rfs::FileType::from_raw_mode(s.st_mode) == rfs::FileType::Directory;
+        let pin = match &replaced {
+            Some(stat) if !exchange && replaced_ino != moved_ino && is_dir(stat) => {
+                Some(self.pin_if_known(self.fuse_ino(stat.st_ino)))
+            }
+            _ => None,
+        };
         let parked = match &replaced {
             Some(stat) if !exchange && replaced_ino != moved_ino => {
                 self.park(&to, new_name, new_parent, stat)
@@ -296,6 +309,9 @@ impl StagingTree {
             rfs::RenameFlags::from_bits_retain(flags),
         )
         .map_err(os)?;
+        if let Some(pin) = pin {
+            pin.keep();
+        }
         if let Some(replaced) = replaced_ino
             && Some(replaced) != moved_ino
         {

@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs as rfs;
 
-use super::{Place, StagingTree, os};
+use super::{Pin, Place, StagingTree, os};
 use crate::beneath;
 use crate::checkpoint::CheckpointId;
 use crate::fs::FsError;
@@ -80,7 +80,14 @@ impl StagingTree {
                 ));
             }
             self.park_known(&frozen)?;
-            beneath::remove_at(&*self.root_fd, name)
+            let pins: Vec<_> = frozen
+                .inodes
+                .iter()
+                .map(|&ino| self.pin_if_known(ino))
+                .collect();
+            beneath::remove_at(&*self.root_fd, name)?;
+            pins.into_iter().for_each(Pin::keep);
+            Ok(())
         })();
         if result.is_ok() {
             let mut copied_from = self.copied_from.lock().expect("copied lock");

@@ -120,6 +120,28 @@ enum Place {
     Parked,
 }
 
+/// A directory pinned before its removal; unpinned when dropped unless kept (the
+/// removal failed: the directory is still there, reachable by name).
+#[must_use]
+struct Pin<'a> {
+    tree: &'a StagingTree,
+    pinned: Option<u64>,
+}
+
+impl Pin<'_> {
+    fn keep(mut self) {
+        self.pinned = None;
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        if let Some(ino) = self.pinned {
+            self.tree.pinned.lock().expect("pinned lock").remove(&ino);
+        }
+    }
+}
+
 /// How a system call reaches an inode.
 enum Loc {
     /// A directory's own descriptor.
@@ -143,6 +165,12 @@ pub struct StagingTree {
     known: Mutex<HashMap<u64, Known>>,
     /// Descriptors of known directories, the most recently used kept (see [`Known`]).
     dirs: Mutex<LruCache<u64, Arc<OwnedFd>>>,
+    /// Directories removed (rmdir, a rename over them, a seal) while the kernel still
+    /// knows them: their descriptors stay open until it forgets them, so that the
+    /// backing filesystem cannot give their inode numbers to new directories that the
+    /// kernel's old inode would reach. Each stands for a reference someone holds (a
+    /// working directory, an open descriptor), as a parked file does.
+    pinned: Mutex<HashMap<u64, Arc<OwnedFd>>>,
     /// [`GRAVEYARD`], where parked files are kept.
     graveyard: Arc<OwnedFd>,
     /// Files opened for reads and writes, which come by inode (see `files.rs`).
@@ -335,6 +363,7 @@ impl StagingTree {
             root_ino,
             known: Mutex::new(HashMap::new()),
             dirs: Mutex::new(LruCache::new(NonZeroUsize::new(DIR_FDS).expect("non-zero"))),
+            pinned: Mutex::new(HashMap::new()),
             graveyard: Arc::new(graveyard),
             files: files::OpenFiles::default(),
             listings: Mutex::new(HashMap::new()),
@@ -365,6 +394,9 @@ impl StagingTree {
                 break Arc::clone(&self.root_fd);
             }
             if let Some(fd) = self.dirs.lock().expect("dirs lock").get(&at) {
+                break Arc::clone(fd);
+            }
+            if let Some(fd) = self.pinned.lock().expect("pinned lock").get(&at) {
                 break Arc::clone(fd);
             }
             let known = self.known.lock().expect("staging lock");
@@ -483,6 +515,25 @@ impl StagingTree {
                 }
             }
         }
+    }
+
+    /// Before directory `ino` is removed: if the kernel knows it, keeps its descriptor
+    /// open until the kernel forgets it (see [`StagingTree::pinned`]). Returns a guard
+    /// that takes the pin back unless [`Pin::keep`] says the removal happened.
+    fn pin_if_known(&self, ino: u64) -> Pin<'_> {
+        let known_dir = matches!(
+            self.known.lock().expect("staging lock").get(&ino),
+            Some(Known { place: Place::Dir { .. }, lookups }) if *lookups > 0
+        );
+        let mut pinned = None;
+        if known_dir && let Ok(fd) = self.fd(ino) {
+            let mut pins = self.pinned.lock().expect("pinned lock");
+            if let std::collections::hash_map::Entry::Vacant(pin) = pins.entry(ino) {
+                pin.insert(fd);
+                pinned = Some(ino);
+            }
+        }
+        Pin { tree: self, pinned }
     }
 
     /// Keeps the names of known files right after `parent/name` changed. A file left
@@ -616,6 +667,7 @@ impl StagingTree {
                 }
                 drop(known);
                 self.dirs.lock().expect("dirs lock").pop(&ino);
+                self.pinned.lock().expect("pinned lock").remove(&ino);
                 self.files.forget(ino);
                 self.copied_from.lock().expect("copied lock").remove(&ino);
             }

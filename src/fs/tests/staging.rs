@@ -188,3 +188,38 @@ fn each_file_has_a_generation_of_its_own_shared_by_its_names() {
     assert_ne!(generation(b"a"), generation(b"b"));
     assert_eq!(generation(b"a"), generation(b"a"));
 }
+
+/// A directory removed while the kernel still knows it (someone's working directory)
+/// keeps its inode, as on a local disk: it still answers, with no link left, however
+/// many directories are used since (more than the daemon keeps descriptors for), and
+/// its inode number goes to no new directory.
+#[test]
+fn a_removed_directory_the_kernel_knows_keeps_its_inode() {
+    let (f, _) = fixture(&[]);
+    let caller = Caller { uid: 0, gid: 0 };
+    let ws =
+        f.fs.mkdir(inode::STAGING, b"ws", 0o755, caller)
+            .unwrap()
+            .attr
+            .ino;
+    let gone = f.fs.mkdir(ws, b"gone", 0o755, caller).unwrap().attr.ino;
+    f.fs.rmdir(ws, b"gone").unwrap();
+    let made: Vec<u64> = (0..20)
+        .map(|i| {
+            let name = format!("d{i}");
+            f.fs.mkdir(ws, name.as_bytes(), 0o755, caller)
+                .unwrap()
+                .attr
+                .ino
+        })
+        .collect();
+    let attr = f.fs.getattr(gone).unwrap().attr;
+    assert_eq!((attr.ino, attr.nlink), (gone, 0));
+    assert!(
+        !made.contains(&gone),
+        "a new directory got the removed one's number"
+    );
+    // Once the kernel forgets it, it is gone.
+    f.fs.forget(gone, 1);
+    assert!(f.fs.getattr(gone).is_err());
+}
