@@ -528,6 +528,15 @@ impl StagingTree {
         let mut pinned = None;
         if known_dir && let Ok(fd) = self.fd(ino) {
             let mut pins = self.pinned.lock().expect("pinned lock");
+            // Bounded like the rest: past it (a seal of a workspace the kernel knows
+            // thousands of directories of, until it drops them), a number may come
+            // back, and the generation of the new directory retires the old inode.
+            if pins.len() >= DIR_FDS {
+                return Pin {
+                    tree: self,
+                    pinned: None,
+                };
+            }
             if let std::collections::hash_map::Entry::Vacant(pin) = pins.entry(ino) {
                 pin.insert(fd);
                 pinned = Some(ino);
