@@ -82,7 +82,7 @@ pub fn open_dir_path(root: BorrowedFd<'_>, parts: &[&[u8]]) -> io::Result<OwnedF
     Ok(dir)
 }
 
-/// Why [`make_dirs`] could not reach a directory.
+/// Why [`DirCursor::make`] could not reach a directory.
 #[derive(Debug)]
 pub enum WalkError {
     /// A component is a symlink: following it could leave the root.
@@ -102,31 +102,159 @@ impl From<io::Error> for WalkError {
     }
 }
 
-/// Opens the directory at `parts` below `root`, creating missing components with
-/// `mode` (before the umask) and calling `created` for each one made.
-pub fn make_dirs(
-    root: BorrowedFd<'_>,
-    parts: &[&[u8]],
-    mode: u32,
-    created: &mut dyn FnMut() -> io::Result<()>,
-) -> Result<OwnedFd, WalkError> {
-    let mut dir = open_dir_path(root, &[])?;
-    for part in parts {
-        let name = OsStr::from_bytes(part);
-        dir = match open_dir(&dir, name) {
-            Ok(next) => next,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                created()?;
-                match rfs::mkdirat(&dir, name, Mode::from_raw_mode(mode)) {
-                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                    Err(e) => return Err(os(e).into()),
-                }
-                open_dir(&dir, name)?
-            }
-            Err(e) => return Err(e.into()),
-        };
+/// How often a [`DirCursor`] keeps a descriptor along its path: one directory in this
+/// many, and the path's end. A path of 2,047 directories (the deepest that fits in
+/// `PATH_MAX`) then holds 128, well under the usual limit of 1,024 open files that one
+/// descriptor per level would exceed, and going back up to any directory of the path
+/// reopens fewer than this many.
+pub const CURSOR_STRIDE: usize = 16;
+
+/// The directories of one path below a root, kept open so that reaching the next path
+/// opens only what the two do not share: a restore reaches each entry's parent, and
+/// consecutive entries nearly always share most of it (a tar lists a directory's
+/// contents together), so a tree thousands of levels deep costs about one `openat` per
+/// entry instead of one per level per entry.
+///
+/// The rules of this module hold for every directory it opens: each is entered with
+/// [`open_dir`] from its parent's descriptor, one name at a time. What it adds is that
+/// a descriptor opened for one path is used again for the next; that is sound only as
+/// long as each kept descriptor is still the directory at its path, so:
+/// - it keeps descriptors of directories only, and a directory stops being the one at
+///   its path only when it, or a directory above it, is removed or renamed: creating
+///   or replacing anything else, anywhere, leaves it in place;
+/// - whoever removes a directory calls [`DirCursor::forget`] with its path before the
+///   next reach, and the cursor drops what it held at and below that path. A restore's
+///   entry removes at most the name it is for, below its parent, so the cursor that
+///   just reached that parent keeps all of it;
+/// - it assumes that nothing else removes or renames directories under the root
+///   meanwhile, as the restore already does between opening a directory and writing
+///   in it (the root is a new or empty DEST that only the restore writes).
+///
+/// Descriptors kept: the one of every [`CURSOR_STRIDE`]th directory of the path, and
+/// the one of its end; a reach that leaves the path below a kept directory reopens the
+/// few directories between it and where the new path departs.
+pub struct DirCursor {
+    root: OwnedFd,
+    /// The path the cursor is at, one component each.
+    names: Vec<Vec<u8>>,
+    /// `kept[i]` is the directory at `names[..(i + 1) * CURSOR_STRIDE]`; always
+    /// `names.len() / CURSOR_STRIDE` of them.
+    kept: Vec<OwnedFd>,
+    /// The directory at `names` when that is not a kept one (when `names.len()` is not
+    /// a multiple of the stride), else `None`.
+    end: Option<OwnedFd>,
+}
+
+/// What a reach does with a missing directory: creates it with this mode (before the
+/// umask), calling the function first (which can refuse, with an error).
+type Create<'a> = (u32, &'a mut dyn FnMut() -> io::Result<()>);
+
+impl DirCursor {
+    /// A cursor at `root` itself (on a descriptor of its own).
+    pub fn new(root: BorrowedFd<'_>) -> io::Result<Self> {
+        Ok(DirCursor {
+            root: open_dir_path(root, &[])?,
+            names: Vec::new(),
+            kept: Vec::new(),
+            end: None,
+        })
     }
-    Ok(dir)
+
+    /// Opens the directory `root/parts[0]/parts[1]/...` (as [`open_dir_path`] does).
+    pub fn open(&mut self, parts: &[&[u8]]) -> io::Result<BorrowedFd<'_>> {
+        self.walk(parts, None)?;
+        Ok(self.dir())
+    }
+
+    /// Opens the directory at `parts`, creating missing components with `mode` (before
+    /// the umask) and calling `created` before each one is made.
+    pub fn make(
+        &mut self,
+        parts: &[&[u8]],
+        mode: u32,
+        created: &mut dyn FnMut() -> io::Result<()>,
+    ) -> Result<BorrowedFd<'_>, WalkError> {
+        self.walk(parts, Some((mode, created)))?;
+        Ok(self.dir())
+    }
+
+    /// Drops whatever the cursor holds at `parts` or below: the directory at that path
+    /// was removed (or may have been). The root itself cannot be.
+    pub fn forget(&mut self, parts: &[&[u8]]) {
+        let below = !parts.is_empty()
+            && self.names.len() >= parts.len()
+            && self
+                .names
+                .iter()
+                .zip(parts)
+                .all(|(held, part)| held == part);
+        if below {
+            self.truncate(parts.len() - 1);
+        }
+    }
+
+    /// Goes back to the root, closing everything but the root's descriptor.
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// The directory the cursor is at.
+    fn dir(&self) -> BorrowedFd<'_> {
+        match (&self.end, self.kept.last()) {
+            (Some(end), _) => end.as_fd(),
+            (None, Some(kept)) => kept.as_fd(),
+            (None, None) => self.root.as_fd(),
+        }
+    }
+
+    /// Goes up to the first `len` components of the path, or further up, to the
+    /// deepest kept directory among them, when the one at `len` was not kept.
+    fn truncate(&mut self, len: usize) {
+        if len >= self.names.len() {
+            return;
+        }
+        let len = len - len % CURSOR_STRIDE;
+        self.names.truncate(len);
+        self.kept.truncate(len / CURSOR_STRIDE);
+        self.end = None;
+    }
+
+    /// Moves the cursor to `parts`: up to the deepest directory it shares with them,
+    /// then down one component at a time. On an error the cursor stays at the last
+    /// directory it reached.
+    fn walk(&mut self, parts: &[&[u8]], mut create: Option<Create<'_>>) -> io::Result<()> {
+        let shared = self
+            .names
+            .iter()
+            .zip(parts)
+            .take_while(|(held, part)| held.as_slice() == **part)
+            .count();
+        self.truncate(shared);
+        for part in &parts[self.names.len()..] {
+            let name = OsStr::from_bytes(part);
+            let dir = self.dir();
+            let next = match (open_dir(dir, name), &mut create) {
+                (Ok(next), _) => next,
+                (Err(e), Some((mode, created))) if e.kind() == io::ErrorKind::NotFound => {
+                    created()?;
+                    match rfs::mkdirat(dir, name, Mode::from_raw_mode(*mode)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(os(e)),
+                    }
+                    open_dir(dir, name)?
+                }
+                (Err(e), _) => return Err(e),
+            };
+            self.names.push(part.to_vec());
+            if self.names.len().is_multiple_of(CURSOR_STRIDE) {
+                self.kept.push(next);
+                self.end = None;
+            } else {
+                self.end = Some(next);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The type of `name` in `dir`, if it exists (a symlink is reported as one).
@@ -141,12 +269,19 @@ pub fn kind_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<FileType>> {
 /// Removes `name` from `dir`: a file, a symlink (never its target), or a whole
 /// directory tree (entered only through directories, never through symlinks).
 pub fn remove_at(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    remove_kind_at(dir, name).map(drop)
+}
+
+/// [`remove_at`], saying what was removed, if anything.
+pub fn remove_kind_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<FileType>> {
     let dir = dir.as_fd();
-    match kind_at(dir, name)? {
-        None => Ok(()),
-        Some(FileType::Directory) => remove_tree(dir, name),
-        Some(_) => rfs::unlinkat(dir, name, AtFlags::empty()).map_err(os),
+    let kind = kind_at(dir, name)?;
+    match kind {
+        None => {}
+        Some(FileType::Directory) => remove_tree(dir, name)?,
+        Some(_) => rfs::unlinkat(dir, name, AtFlags::empty()).map_err(os)?,
     }
+    Ok(kind)
 }
 
 /// A walk down a directory tree that holds one descriptor, whatever the depth: going
@@ -347,20 +482,94 @@ mod tests {
         let err = open_dir_path(fd.as_fd(), &[b"f"]).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
         let mut made = 0;
-        let result = make_dirs(fd.as_fd(), &[b"link", b"new"], 0o755, &mut || {
+        let mut cursor = DirCursor::new(fd.as_fd()).unwrap();
+        let result = cursor.make(&[b"link", b"new"], 0o755, &mut || {
             made += 1;
             Ok(())
         });
         assert!(matches!(result, Err(WalkError::Symlink)));
+        let result = cursor.make(&[b"f", b"new"], 0o755, &mut || Ok(()));
+        assert!(matches!(result, Err(WalkError::NotADirectory)));
         assert_eq!(made, 0);
         assert!(!outside.path().join("new").exists());
-        make_dirs(fd.as_fd(), &[b"d", b"e", b"g"], 0o755, &mut || {
-            made += 1;
-            Ok(())
-        })
-        .unwrap();
+        cursor
+            .make(&[b"d", b"e", b"g"], 0o755, &mut || {
+                made += 1;
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(made, 2);
         assert!(tmp.path().join("d/e/g").is_dir());
+        let err = cursor.open(&[b"d", b"link"]).map(|_| ()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "open creates nothing");
+        symlink(outside.path(), tmp.path().join("d/e/link")).unwrap();
+        let err = cursor.open(&[b"d", b"e", b"link"]).map(|_| ()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let refused = cursor.make(&[b"d", b"x"], 0o755, &mut || Err(io::Error::other("limit")));
+        assert!(matches!(refused, Err(WalkError::Io(_))));
+        assert!(!tmp.path().join("d/x").exists());
+    }
+
+    fn identity_at(dir: BorrowedFd<'_>) -> (u64, u64) {
+        identity(dir).unwrap()
+    }
+
+    #[test]
+    fn a_cursor_reaches_what_a_fresh_walk_reaches() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fd = root(tmp.path());
+        let mut cursor = DirCursor::new(fd.as_fd()).unwrap();
+        let path = |depth: usize, last: &'static [u8]| -> Vec<&'static [u8]> {
+            let mut parts = vec![&b"a"[..]; depth];
+            parts.push(last);
+            parts
+        };
+        // Down a spine past several strides, then to branches that leave it at kept
+        // levels, between them, and at the root, in an order that goes up and down.
+        let depths = [0, 1, 15, 16, 17, 40, 33, 32, 31, 47, 48, 49, 2, 0, 50];
+        for &depth in depths.iter().chain(depths.iter().rev()) {
+            for last in [&b"x"[..], b"y"] {
+                let parts = path(depth, last);
+                let got = identity_at(cursor.make(&parts, 0o755, &mut || Ok(())).unwrap());
+                let want = identity(open_dir_path(fd.as_fd(), &parts).unwrap()).unwrap();
+                assert_eq!(got, want, "at depth {depth}, {:?}", last);
+                assert_eq!(cursor.kept.len(), parts.len() / CURSOR_STRIDE);
+                assert_eq!(cursor.end.is_some(), parts.len() % CURSOR_STRIDE != 0);
+            }
+        }
+        // A path of 2,047 levels holds 128 descriptors, not 2,047.
+        let deep = vec![&b"d"[..]; 2047];
+        cursor.make(&deep, 0o755, &mut || Ok(())).unwrap();
+        assert_eq!(cursor.kept.len() + usize::from(cursor.end.is_some()), 128);
+        cursor.clear();
+        assert!(cursor.kept.is_empty() && cursor.end.is_none());
+    }
+
+    #[test]
+    fn a_forgotten_path_is_opened_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fd = root(tmp.path());
+        let mut cursor = DirCursor::new(fd.as_fd()).unwrap();
+        let parts: Vec<&[u8]> = vec![b"a", b"b"];
+        cursor.make(&parts, 0o755, &mut || Ok(())).unwrap();
+        // `a` is replaced by a file: a kept descriptor of the old `a/b` would still
+        // open, in a directory no longer reachable from the root.
+        remove_at(&fd, OsStr::new("a")).unwrap();
+        std::fs::write(tmp.path().join("a"), b"file").unwrap();
+        cursor.forget(&[b"a"]);
+        let result = cursor.make(&parts, 0o755, &mut || Ok(()));
+        assert!(matches!(result, Err(WalkError::NotADirectory)));
+        // Forgetting a path the cursor is not under, or below where it is, keeps it.
+        std::fs::remove_file(tmp.path().join("a")).unwrap();
+        cursor.make(&parts, 0o755, &mut || Ok(())).unwrap();
+        let before = identity_at(cursor.open(&parts).unwrap());
+        cursor.forget(&[b"c"]);
+        cursor.forget(&[b"a", b"b", b"c"]);
+        cursor.forget(&[]);
+        assert_eq!(cursor.names.len(), 2);
+        assert_eq!(identity_at(cursor.open(&parts).unwrap()), before);
+        cursor.forget(&[b"a", b"b"]);
+        assert_eq!(cursor.names.len(), 0, "a/ is not kept: back to the root");
     }
 
     #[test]

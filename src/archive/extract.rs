@@ -6,16 +6,27 @@
 //!   component at a time with `O_NOFOLLOW`, so a symlink the archive planted, or a
 //!   path a later entry replaced, can never lead outside: the walk fails instead, and
 //!   the whole archive is refused;
+//! - the walk is a [`DirCursor`]: the directories an entry's parent shares with the
+//!   previous entry's are not opened again, so the cost of a restore is about one
+//!   `openat` per entry plus one per directory it enters anew, however deep the tree
+//!   (reopening every level for every entry made 20,000 files 2,000 levels deep take
+//!   minutes). A kept descriptor goes stale only if a directory on its path is
+//!   removed, and only an entry replacing a directory does that, at its own path,
+//!   below the parent it was restored in: then every cursor forgets that path and
+//!   what is below it, so no descriptor of a directory the archive replaced is ever
+//!   used again (the next entry below that path fails to enter what replaced it, as
+//!   it would walking from DEST);
 //! - absolute paths and `..` components are refused before any call;
 //! - files are created with `O_CREAT | O_EXCL | O_NOFOLLOW` after whatever an earlier
 //!   duplicate left was removed (the last duplicate wins, as with tar), and their mode,
 //!   owner and mtime are set on that descriptor;
-//! - a hard link's target is resolved beneath DEST the same way and linked with
-//!   `linkat` without following it;
-//! - directory modes and mtimes are applied last, deepest first (so that creating
-//!   their contents does not disturb them), on a descriptor opened anew and checked
-//!   to be the very directory this restore made; nothing remembered about one entry
-//!   is trusted for a later one without looking again.
+//! - a hard link's target is resolved beneath DEST the same way (with a cursor of its
+//!   own) and linked with `linkat` without following it;
+//! - directory modes and mtimes are applied last, each directory after everything
+//!   below it (so that creating their contents does not disturb them, and a mode
+//!   without search permission does not stop the walk), on a descriptor opened after
+//!   the last entry and checked to be the very directory this restore made; nothing
+//!   remembered about one entry is trusted for a later one without looking again.
 //!
 //! Device files and FIFOs are skipped; set-user/group-ID bits are dropped; owners are
 //! restored only when running as root, as `tar` does. The limits of [`Limits`] apply.
@@ -34,7 +45,7 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Timespec, Timesta
 use tar::EntryType;
 
 use super::{ArchiveError, Entry, EntryMeta, Limits, Tally, clean_path, display_path, entry_meta};
-use crate::beneath::{self, WalkError};
+use crate::beneath::{self, DirCursor, WalkError};
 
 /// What a restore did, for the command's summary line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +57,9 @@ pub struct ExtractSummary {
 
 /// Attributes of a directory entry, applied when the restore ends.
 struct DirAttrs {
-    /// The path below DEST, components joined by `/` (one allocation per entry).
+    /// The path below DEST, components joined by NUL, which no name holds, so that the
+    /// byte order of paths is the order of their component sequences (one allocation
+    /// per entry).
     path: Vec<u8>,
     /// The directory this restore made or found for the entry.
     dev_ino: (u64, u64),
@@ -56,6 +69,10 @@ struct DirAttrs {
 
 struct Extractor {
     dest: OwnedFd,
+    /// At the parent of the last entry.
+    parents: DirCursor,
+    /// At the directory of the last hard link's target.
+    link_targets: DirCursor,
     /// Directory attributes to apply at the end, the last entry for a directory
     /// winning; indexed by the directory's identity.
     dirs: Vec<DirAttrs>,
@@ -77,8 +94,17 @@ pub fn extract(
         Mode::empty(),
     )
     .map_err(|e| ArchiveError::io(format!("open destination {}", dest.display()))(e.into()))?;
+    let cursor = || {
+        DirCursor::new(dest_fd.as_fd()).map_err(ArchiveError::io(format!(
+            "open destination {}",
+            dest.display()
+        )))
+    };
+    let (parents, link_targets) = (cursor()?, cursor()?);
     let mut extractor = Extractor {
         dest: dest_fd,
+        parents,
+        link_targets,
         dirs: Vec::new(),
         dir_index: HashMap::new(),
         as_root: rustix::process::geteuid().is_root(),
@@ -171,19 +197,41 @@ impl Extractor {
     ) -> Result<(), ArchiveError> {
         let raw = entry.path_bytes().into_owned();
         let shown = display_path(&raw);
-        let hostile = |reason| ArchiveError::Hostile {
+        let parts = clean_path(&raw).map_err(|reason| ArchiveError::Hostile {
             entry: shown.clone(),
             reason,
-        };
-        let parts = clean_path(&raw).map_err(hostile)?;
+        })?;
         self.summary.entries += 1;
-        let kind = entry.header().entry_type();
         let Some((name, parents)) = parts.split_last() else {
             // The archive's root (`./`): DEST itself, which keeps its own attributes.
             return Ok(());
         };
-        let parent = self.make_parent(parents, &shown, tally)?;
-        let name = OsStr::from_bytes(name);
+        let replaced_dir = self.restore(entry, tally, parents, OsStr::from_bytes(name), &shown)?;
+        if replaced_dir {
+            // The directory at this path, and every one below it, is gone: no cursor
+            // may use a descriptor of one again. (The parents cursor is above it.)
+            self.parents.forget(&parts);
+            self.link_targets.forget(&parts);
+        }
+        Ok(())
+    }
+
+    /// Restores `entry` as `name` in the directory at `parents`; says whether a
+    /// directory that was at that path was removed (replaced by something else).
+    fn restore<R: Read>(
+        &mut self,
+        entry: &mut Entry<'_, R>,
+        tally: &mut Tally,
+        parents: &[&[u8]],
+        name: &OsStr,
+        shown: &str,
+    ) -> Result<bool, ArchiveError> {
+        let hostile = |reason| ArchiveError::Hostile {
+            entry: shown.to_owned(),
+            reason,
+        };
+        let kind = entry.header().entry_type();
+        let parent = make_parent(&mut self.parents, parents, shown, tally)?;
         let meta = entry_meta(entry);
         let mode = entry
             .header()
@@ -191,26 +239,32 @@ impl Extractor {
             .map_err(ArchiveError::io(format!("entry {shown}")))?
             & 0o1777;
         let io_err = |what: &str| ArchiveError::io(format!("{what} {shown}"));
+        // Removes what is at the path; says whether it was a directory.
+        let replace = |parent| {
+            beneath::remove_kind_at(parent, name)
+                .map(|kind| kind == Some(FileType::Directory))
+                .map_err(io_err("replace"))
+        };
 
-        match kind {
+        let replaced_dir = match kind {
             EntryType::Directory => {
-                let made = match beneath::kind_at(&parent, name).map_err(io_err("stat"))? {
+                let made = match beneath::kind_at(parent, name).map_err(io_err("stat"))? {
                     Some(FileType::Directory) => false,
                     Some(_) => {
-                        beneath::remove_at(&parent, name).map_err(io_err("replace"))?;
+                        beneath::remove_at(parent, name).map_err(io_err("replace"))?;
                         true
                     }
                     None => true,
                 };
                 if made {
-                    rfs::mkdirat(&parent, name, Mode::from_raw_mode(0o700))
+                    rfs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
                         .map_err(|e| io_err("create directory")(e.into()))?;
                 }
-                let dir = beneath::open_dir(&parent, name).map_err(io_err("open directory"))?;
+                let dir = beneath::open_dir(parent, name).map_err(io_err("open directory"))?;
                 let stat = rfs::fstat(&dir).map_err(|e| io_err("stat")(e.into()))?;
-                let mut path = parents.join(&b'/');
+                let mut path = parents.join(&0);
                 if !path.is_empty() {
-                    path.push(b'/');
+                    path.push(0);
                 }
                 path.extend_from_slice(name.as_bytes());
                 self.remember_dir(DirAttrs {
@@ -219,11 +273,12 @@ impl Extractor {
                     mode,
                     meta,
                 });
+                false // a directory there is kept, anything else was not one
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                beneath::remove_at(&parent, name).map_err(io_err("replace"))?;
+                let replaced_dir = replace(parent)?;
                 let fd = rfs::openat(
-                    &parent,
+                    parent,
                     name,
                     OFlags::WRONLY
                         | OFlags::CREATE
@@ -248,17 +303,19 @@ impl Extractor {
                     .map_err(|e| io_err("chmod")(e.into()))?;
                 rfs::futimens(&file, &timestamps(meta.mtime))
                     .map_err(|e| io_err("set mtime of")(e.into()))?;
+                replaced_dir
             }
             EntryType::Symlink => {
                 let target = entry
                     .link_name_bytes()
                     .ok_or_else(|| hostile("symlink without a target"))?
                     .into_owned();
-                beneath::remove_at(&parent, name).map_err(io_err("replace"))?;
-                rfs::symlinkat(OsStr::from_bytes(&target), &parent, name)
+                let replaced_dir = replace(parent)?;
+                rfs::symlinkat(OsStr::from_bytes(&target), parent, name)
                     .map_err(|e| io_err("create symlink")(e.into()))?;
-                self.set_owner_and_mtime_at(parent.as_fd(), name, meta)
+                set_owner_and_mtime_at(self.as_root, parent, name, meta)
                     .map_err(io_err("set attributes of"))?;
+                replaced_dir
             }
             EntryType::Link => {
                 let target = entry
@@ -273,10 +330,12 @@ impl Extractor {
                 let (target_name, target_parents) = target_parts
                     .split_last()
                     .ok_or_else(|| link_hostile("hard link to the archive's root"))?;
-                let target_dir = beneath::open_dir_path(self.dest.as_fd(), target_parents)
+                let target_dir = self
+                    .link_targets
+                    .open(target_parents)
                     .map_err(|_| link_hostile("hard link to a file that is not in the archive"))?;
                 let target_name = OsStr::from_bytes(target_name);
-                match beneath::kind_at(&target_dir, target_name) {
+                match beneath::kind_at(target_dir, target_name) {
                     Ok(Some(FileType::Directory)) => {
                         return Err(link_hostile("hard link to a directory"));
                     }
@@ -287,52 +346,26 @@ impl Extractor {
                         ));
                     }
                 }
-                if same_entry(&target_dir, target_name, &parent, name) {
-                    return Ok(()); // a link to itself: already in place
+                if same_entry(target_dir, target_name, parent, name) {
+                    return Ok(false); // a link to itself: already in place
                 }
-                beneath::remove_at(&parent, name).map_err(io_err("replace"))?;
-                rfs::linkat(&target_dir, target_name, &parent, name, AtFlags::empty())
+                let replaced_dir = replace(parent)?;
+                rfs::linkat(target_dir, target_name, parent, name, AtFlags::empty())
                     .map_err(|e| io_err("create hard link")(e.into()))?;
+                replaced_dir
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
                 tracing::warn!(entry = %shown, "skipping device file or FIFO");
                 self.summary.skipped += 1;
+                false
             }
             other => {
                 tracing::warn!(entry = %shown, kind = ?other, "skipping entry of unsupported type");
                 self.summary.skipped += 1;
+                false
             }
-        }
-        Ok(())
-    }
-
-    /// Opens (creating missing ones, like tar) the parent directories of an entry,
-    /// below DEST and through directories only.
-    fn make_parent(
-        &mut self,
-        parents: &[&[u8]],
-        shown: &str,
-        tally: &mut Tally,
-    ) -> Result<OwnedFd, ArchiveError> {
-        let mut limit = None;
-        let result = beneath::make_dirs(self.dest.as_fd(), parents, 0o777, &mut || {
-            tally.entry().map_err(|e| {
-                limit = Some(e);
-                io::Error::other("limit")
-            })
-        });
-        result.map_err(|e| match e {
-            _ if limit.is_some() => limit.take().expect("checked"),
-            WalkError::Symlink => ArchiveError::Hostile {
-                entry: shown.to_owned(),
-                reason: "a parent is a symlink; writing through it could leave the destination",
-            },
-            WalkError::NotADirectory => ArchiveError::Hostile {
-                entry: shown.to_owned(),
-                reason: "a parent is not a directory",
-            },
-            WalkError::Io(e) => ArchiveError::io(format!("create the parents of {shown}"))(e),
-        })
+        };
+        Ok(replaced_dir)
     }
 
     fn remember_dir(&mut self, attrs: DirAttrs) {
@@ -345,54 +378,96 @@ impl Extractor {
         }
     }
 
-    fn set_owner_and_mtime_at(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &OsStr,
-        meta: EntryMeta,
-    ) -> io::Result<()> {
-        if self.as_root {
-            let (uid, gid) = ids(meta);
-            rfs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
-        }
-        rfs::utimensat(
-            dir,
-            name,
-            &timestamps(meta.mtime),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )?;
-        Ok(())
-    }
-
-    /// Applies directory attributes, deepest first, each on a descriptor of the
-    /// directory found at its path now, and only if it is still the one this restore
-    /// made for the entry (a later entry may have replaced it).
+    /// Applies directory attributes, each directory after every one below it, on a
+    /// descriptor of the directory found at its path now, and only if it is still the
+    /// one this restore made for the entry (a later entry may have replaced it).
     fn finish_directories(&mut self) -> Result<(), ArchiveError> {
         let mut dirs = std::mem::take(&mut self.dirs);
-        let depth = |d: &DirAttrs| d.path.iter().filter(|&&b| b == b'/').count();
-        dirs.sort_by_key(|d| std::cmp::Reverse(depth(d)));
+        // Paths in reverse byte order (see `DirAttrs::path`): everything below a
+        // directory comes before it, and neighbours share most of their paths, so the
+        // cursor opens about one directory per path, however deep. Nothing goes
+        // through a directory once its mode is set, which could forbid it.
+        dirs.sort_unstable_by(|a, b| b.path.cmp(&a.path));
+        self.link_targets.clear();
+        self.parents.clear(); // everything is opened again, now that no entry is left
         for dir in dirs {
-            let parts: Vec<&[u8]> = dir.path.split(|&b| b == b'/').collect();
-            let Ok(fd) = beneath::open_dir_path(self.dest.as_fd(), &parts) else {
+            let parts: Vec<&[u8]> = dir.path.split(|&b| b == 0).collect();
+            let Ok(fd) = self.parents.open(&parts) else {
                 continue; // replaced by a later entry that is not a directory
             };
-            let shown = display_path(&dir.path);
-            let io_err = |what: &str| ArchiveError::io(format!("{what} {shown}"));
-            let stat = rfs::fstat(&fd).map_err(|e| io_err("stat")(e.into()))?;
+            let io_err = |what: &str| {
+                let slashed: Vec<u8> = dir
+                    .path
+                    .iter()
+                    .map(|&b| if b == 0 { b'/' } else { b })
+                    .collect();
+                ArchiveError::io(format!("{what} {}", display_path(&slashed)))
+            };
+            let stat = rfs::fstat(fd).map_err(|e| io_err("stat")(e.into()))?;
             if (stat.st_dev, stat.st_ino) != dir.dev_ino {
                 continue;
             }
             if self.as_root {
                 let (uid, gid) = ids(dir.meta);
-                rfs::fchown(&fd, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
+                rfs::fchown(fd, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
             }
-            rfs::fchmod(&fd, Mode::from_raw_mode(dir.mode))
+            rfs::fchmod(fd, Mode::from_raw_mode(dir.mode))
                 .map_err(|e| io_err("chmod")(e.into()))?;
-            rfs::futimens(&fd, &timestamps(dir.meta.mtime))
+            rfs::futimens(fd, &timestamps(dir.meta.mtime))
                 .map_err(|e| io_err("set mtime of")(e.into()))?;
         }
         Ok(())
     }
+}
+
+/// Opens (creating missing ones, like tar) the parent directories of an entry, below
+/// DEST and through directories only, with `cursor`.
+fn make_parent<'c>(
+    cursor: &'c mut DirCursor,
+    parents: &[&[u8]],
+    shown: &str,
+    tally: &mut Tally,
+) -> Result<BorrowedFd<'c>, ArchiveError> {
+    let mut limit = None;
+    let result = cursor.make(parents, 0o777, &mut || {
+        tally.entry().map_err(|e| {
+            limit = Some(e);
+            io::Error::other("limit")
+        })
+    });
+    result.map_err(|e| match e {
+        _ if limit.is_some() => limit.take().expect("checked"),
+        WalkError::Symlink => ArchiveError::Hostile {
+            entry: shown.to_owned(),
+            reason: "a parent is a symlink; writing through it could leave the destination",
+        },
+        WalkError::NotADirectory => ArchiveError::Hostile {
+            entry: shown.to_owned(),
+            reason: "a parent is not a directory",
+        },
+        WalkError::Io(e) => ArchiveError::io(format!("create the parents of {shown}"))(e),
+    })
+}
+
+/// Sets the owner (as root) and mtime of `name` in `dir` itself, never of what it
+/// points to.
+fn set_owner_and_mtime_at(
+    as_root: bool,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    meta: EntryMeta,
+) -> io::Result<()> {
+    if as_root {
+        let (uid, gid) = ids(meta);
+        rfs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
+    }
+    rfs::utimensat(
+        dir,
+        name,
+        &timestamps(meta.mtime),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    Ok(())
 }
 
 fn ids(meta: EntryMeta) -> (Option<rustix::process::Uid>, Option<rustix::process::Gid>) {
@@ -406,7 +481,7 @@ fn ids(meta: EntryMeta) -> (Option<rustix::process::Uid>, Option<rustix::process
 }
 
 /// Whether `a_dir/a` and `b_dir/b` are the same inode.
-fn same_entry(a_dir: &OwnedFd, a: &OsStr, b_dir: &OwnedFd, b: &OsStr) -> bool {
+fn same_entry(a_dir: BorrowedFd<'_>, a: &OsStr, b_dir: BorrowedFd<'_>, b: &OsStr) -> bool {
     let stat = |dir, name| rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
     match (stat(a_dir, a), stat(b_dir, b)) {
         (Some(x), Some(y)) => (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino),
@@ -432,5 +507,120 @@ fn copy_counted(from: &mut impl Read, to: &mut File, tally: &mut Tally) -> Resul
         };
         tally.bytes(n as u64).map_err(CopyError::Limit)?;
         to.write_all(&buf[..n]).map_err(CopyError::Write)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    enum Member<'a> {
+        Dir(&'a str),
+        File(&'a str, &'a str),
+        Symlink(&'a str, &'a str),
+        HardLink(&'a str, &'a str),
+    }
+    use Member::{Dir, File, HardLink, Symlink};
+
+    fn tar(members: &[Member<'_>]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for member in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(0o755);
+            header.set_mtime(1_700_000_000);
+            let (path, data, kind, link) = match *member {
+                Dir(path) => (path, "", EntryType::Directory, None),
+                File(path, data) => (path, data, EntryType::Regular, None),
+                Symlink(path, target) => (path, "", EntryType::Symlink, Some(target)),
+                HardLink(path, target) => (path, "", EntryType::Link, Some(target)),
+            };
+            header.set_entry_type(kind);
+            header.set_size(data.len() as u64);
+            if let Some(link) = link {
+                header.set_link_name(link).unwrap();
+            }
+            builder
+                .append_data(&mut header, path, data.as_bytes())
+                .unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn restore(members: &[Member<'_>], dest: &Path) -> Result<ExtractSummary, ArchiveError> {
+        extract(&tar(members)[..], dest, Limits::DEFAULT)
+    }
+
+    /// `a/b/` is held by the cursors when `a` is replaced: the old `a/b` is no longer
+    /// reachable from DEST, and the next entry below it must fail as a walk from DEST
+    /// fails, not land in the old directory.
+    #[test]
+    fn a_replaced_parent_is_not_entered_through_a_kept_descriptor() {
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().to_str().unwrap();
+        for (replacement, reason) in [
+            (File("a", "file"), "a parent is not a directory"),
+            (Symlink("a", target), "a parent is a symlink"),
+        ] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dest = tmp.path().join("dest");
+            let members = [
+                Dir("a/"),
+                Dir("a/b/"),
+                File("a/b/f", "old"),
+                HardLink("h", "a/b/f"),
+                replacement,
+                File("a/b/x", "pwned"),
+            ];
+            let err = restore(&members, &dest).unwrap_err().to_string();
+            assert!(err.contains("a/b/x") && err.contains(reason), "{err}");
+            assert!(!dest.exists(), "DEST, made by the restore, is removed");
+            assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+        }
+    }
+
+    /// The hard-link cursor holds `a/b` when `a` is replaced by a file and then by a
+    /// new directory: the next link to `a/b/f` is to the new file, as from DEST.
+    #[test]
+    fn a_hard_link_reaches_its_target_in_the_directory_that_replaced_the_old_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("dest");
+        let members = [
+            File("a/b/f", "old"),
+            HardLink("old", "a/b/f"),
+            File("a", "file"),
+            Dir("a/"),
+            File("a/b/f", "new"),
+            HardLink("new", "a/b/f"),
+        ];
+        restore(&members, &dest).unwrap();
+        assert_eq!(fs::read_to_string(dest.join("old")).unwrap(), "old");
+        assert_eq!(fs::read_to_string(dest.join("new")).unwrap(), "new");
+        let ino = |p: &str| fs::metadata(dest.join(p)).unwrap().ino();
+        assert_eq!(ino("new"), ino("a/b/f"));
+    }
+
+    /// Directory attributes are set after everything below, wherever the archive put
+    /// the directories' entries, and only on the directories the entries made.
+    #[test]
+    fn directory_attributes_are_applied_below_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("dest");
+        let members = [
+            Dir("z/y/x/"),
+            Dir("z/"),
+            File("z/y/x/f", "f"),
+            Dir("z/y-/"),
+            Dir("z/y/"),
+            Dir("q/"),
+            File("q", "q"),
+        ];
+        restore(&members, &dest).unwrap();
+        for dir in ["z", "z/y", "z/y/x", "z/y-"] {
+            let meta = fs::metadata(dest.join(dir)).unwrap();
+            assert_eq!(meta.mode() & 0o7777, 0o755, "{dir}");
+            assert_eq!(meta.mtime(), 1_700_000_000, "{dir}");
+        }
+        assert!(fs::metadata(dest.join("q")).unwrap().is_file());
     }
 }

@@ -9,6 +9,7 @@
 //! entry description of what a restore left in DEST.
 
 mod corpus;
+mod deep;
 mod memory;
 mod review;
 
