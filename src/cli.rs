@@ -198,9 +198,9 @@ const FIND_ABOUT: &str = "\
 List the paths of a checkpoint (files, directories and symlinks, the root excepted),
 one per line, sorted in byte order (as `LC_ALL=C sort` would), relative to the
 checkpoint's root. Names are printed as data: a backslash is doubled, a newline, tab or
-carriage return is written \\n, \\t, \\r, another control character (or one that
-reorders text on screen) \\u{XX}, a byte that is not UTF-8 \\xNN; -0 prints the bytes
-as they are.
+carriage return is written \\n, \\t, \\r, another ASCII control character or a byte
+that is not UTF-8 \\xNN, another control character (or one that reorders text on
+screen) \\u{XX}; -0 prints the bytes as they are.
 
 PATTERN is a shell glob. A pattern without / is matched against each entry's name,
 like `find -name` (`*.py` finds Python files at any depth); one with / against its

@@ -4,9 +4,10 @@
 //! messages, logs), so that it can neither end a line nor drive the terminal.
 //!
 //! Printable UTF-8 passes as it is. A backslash is doubled; newline, carriage return and
-//! tab are written `\n`, `\r`, `\t`; any other control character (C0, DEL, C1) and the
-//! invisible characters that reorder text on screen (bidirectional controls, as in
-//! "Trojan Source") are written `\u{XX}`; bytes that are not UTF-8 are written `\xNN`.
+//! tab are written `\n`, `\r`, `\t`; any other ASCII control character (and DEL) and
+//! bytes that are not UTF-8 are written `\xNN`; the C1 controls and the invisible
+//! characters that reorder text on screen (bidirectional controls, as in "Trojan
+//! Source") are written `\u{XX}`.
 //! The escaping is reversible ([`unescape`]): a JSON rendering made from escaped text
 //! gives the name itself. Raw bytes stay available where a program asks for them
 //! (`find -0`, `cat`).
@@ -31,6 +32,9 @@ pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
                 '\n' => out.push_str("\\n"),
                 '\r' => out.push_str("\\r"),
                 '\t' => out.push_str("\\t"),
+                c if c.is_ascii_control() => {
+                    let _ = write!(out, "\\x{:02x}", c as u32);
+                }
                 c if c.is_control() || reorders(c) => {
                     let _ = write!(out, "\\u{{{:x}}}", c as u32);
                 }
@@ -57,6 +61,9 @@ pub fn message(text: &str) -> Cow<'_, str> {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
+            c if c.is_ascii_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
             c if c.is_control() || reorders(c) => {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
@@ -143,14 +150,11 @@ mod tests {
         ));
         assert_eq!(escape("café/é".as_bytes()), "café/é");
         assert_eq!(escape(b"a\nb\tc\rd\\e"), "a\\nb\\tc\\rd\\\\e");
-        assert_eq!(
-            escape(b"\x1b[2K\x1b[1A.bashrc"),
-            "\\u{1b}[2K\\u{1b}[1A.bashrc"
-        );
+        assert_eq!(escape(b"\x1b[2K\x1b[1A.bashrc"), "\\x1b[2K\\x1b[1A.bashrc");
         assert_eq!(escape(b"caf\xe9\xff"), "caf\\xe9\\xff");
         assert_eq!(
-            escape("x\u{202e}y\u{85}\u{7f}".as_bytes()),
-            "x\\u{202e}y\\u{85}\\u{7f}"
+            escape("x\u{202e}y\u{85}\u{7f}\0".as_bytes()),
+            "x\\u{202e}y\\u{85}\\x7f\\x00"
         );
     }
 

@@ -104,7 +104,15 @@ pub fn trusted_dir(path: &Path) -> Result<PathBuf, TrustError> {
                 }
                 (dir, dir_stat, resolved) = (next, next_stat, here);
             }
-            _ => return Err(io_error(&here, rustix::io::Errno::NOTDIR)),
+            _ => {
+                return Err(TrustError::Io {
+                    path: here,
+                    cause: io::Error::new(
+                        io::ErrorKind::NotADirectory,
+                        "exists and is not a directory",
+                    ),
+                });
+            }
         }
     }
     if dir_stat.st_uid != me {

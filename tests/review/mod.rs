@@ -1121,7 +1121,7 @@ fn names_are_printed_as_data(store: &TestStore) {
     assert_eq!(
         stdout_of(&out),
         lines(&[
-            "A \\u{1b}[2K\\u{1b}[1Ahidden",
+            "A \\x1b[2K\\x1b[1Ahidden",
             "M .bashrc",
             "A caf\u{e9} \\\\ \\xff",
             "M link",
@@ -1138,7 +1138,7 @@ fn names_are_printed_as_data(store: &TestStore) {
     );
     let text = String::from_utf8_lossy(&patch.stdout);
     assert!(
-        text.contains("\ntarget a -> \\u{1b}]0;title\\u{7}\n"),
+        text.contains("\ntarget a -> \\x1b]0;title\\x07\n"),
         "{text}"
     );
     assert!(text.contains("\n+++ b/two\\nA lines\n"), "{text}");
@@ -1147,7 +1147,7 @@ fn names_are_printed_as_data(store: &TestStore) {
     assert_eq!(
         stdout_of(&out),
         lines(&[
-            "\\u{1b}[2K\\u{1b}[1Ahidden",
+            "\\x1b[2K\\x1b[1Ahidden",
             ".bashrc",
             "caf\u{e9} \\\\ \\xff",
             "link",
