@@ -379,7 +379,8 @@ pub struct LimitArgs {
     /// Largest total size of one checkpoint's files once unpacked.
     #[arg(long, default_value = "16GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MAX_UNPACKED_SIZE")]
     pub max_unpacked_size: u64,
-    /// Largest number of entries in one checkpoint (directories implied by paths count).
+    /// Largest number of entries in one checkpoint (directories implied by paths count,
+    /// and existing ones a path enters again beyond 32 from the previous path).
     #[arg(
         long,
         default_value = "2000000",

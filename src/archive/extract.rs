@@ -29,7 +29,11 @@
 //!   remembered about one entry is trusted for a later one without looking again.
 //!
 //! Device files and FIFOs are skipped; set-user/group-ID bits are dropped; owners are
-//! restored only when running as root, as `tar` does. The limits of [`Limits`] apply.
+//! restored only when running as root, as `tar` does. The limits of [`Limits`] apply,
+//! and bound the restore's time too, whatever the order of the entries: directories a
+//! path enters anew count toward `max_entries` beyond a few an entry (see
+//! [`super::FREE_REENTRIES`]), so the calls a cursor makes stay within a constant
+//! times the entries counted.
 //! DEST must be absent or an empty directory, and a restore that fails leaves it as
 //! it found it (absent, or empty).
 
@@ -44,7 +48,10 @@ use std::path::Path;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use tar::EntryType;
 
-use super::{ArchiveError, Entry, EntryMeta, Limits, Tally, clean_path, display_path, entry_meta};
+use super::{
+    ArchiveError, Entry, EntryMeta, Limits, PreviousPath, Tally, clean_path, display_path,
+    entry_meta,
+};
 use crate::beneath::{self, DirCursor, WalkError};
 
 /// What a restore did, for the command's summary line.
@@ -73,6 +80,10 @@ struct Extractor {
     parents: DirCursor,
     /// At the directory of the last hard link's target.
     link_targets: DirCursor,
+    /// The same two paths as the archive gives them, for [`Tally::reentered`] (the
+    /// cursors may have given up part of theirs).
+    previous_parent: PreviousPath,
+    previous_target: PreviousPath,
     /// Directory attributes to apply at the end, the last entry for a directory
     /// winning; indexed by the directory's identity.
     dirs: Vec<DirAttrs>,
@@ -105,6 +116,8 @@ pub fn extract(
         dest: dest_fd,
         parents,
         link_targets,
+        previous_parent: PreviousPath::default(),
+        previous_target: PreviousPath::default(),
         dirs: Vec::new(),
         dir_index: HashMap::new(),
         as_root: rustix::process::geteuid().is_root(),
@@ -231,7 +244,9 @@ impl Extractor {
             reason,
         };
         let kind = entry.header().entry_type();
-        let parent = make_parent(&mut self.parents, parents, shown, tally)?;
+        let shared = self.previous_parent.follow(parents);
+        let (parent, made) = make_parent(&mut self.parents, parents, shown, tally)?;
+        tally.reentered((parents.len() - shared).saturating_sub(made))?;
         let meta = entry_meta(entry);
         let mode = entry
             .header()
@@ -330,10 +345,12 @@ impl Extractor {
                 let (target_name, target_parents) = target_parts
                     .split_last()
                     .ok_or_else(|| link_hostile("hard link to the archive's root"))?;
+                let shared = self.previous_target.follow(target_parents);
                 let target_dir = self
                     .link_targets
                     .open(target_parents)
                     .map_err(|_| link_hostile("hard link to a file that is not in the archive"))?;
+                tally.reentered(target_parents.len() - shared)?;
                 let target_name = OsStr::from_bytes(target_name);
                 match beneath::kind_at(target_dir, target_name) {
                     Ok(Some(FileType::Directory)) => {
@@ -421,21 +438,22 @@ impl Extractor {
 }
 
 /// Opens (creating missing ones, like tar) the parent directories of an entry, below
-/// DEST and through directories only, with `cursor`.
+/// DEST and through directories only, with `cursor`; says how many it made.
 fn make_parent<'c>(
     cursor: &'c mut DirCursor,
     parents: &[&[u8]],
     shown: &str,
     tally: &mut Tally,
-) -> Result<BorrowedFd<'c>, ArchiveError> {
-    let mut limit = None;
+) -> Result<(BorrowedFd<'c>, usize), ArchiveError> {
+    let (mut limit, mut made) = (None, 0);
     let result = cursor.make(parents, 0o777, &mut || {
+        made += 1;
         tally.entry().map_err(|e| {
             limit = Some(e);
             io::Error::other("limit")
         })
     });
-    result.map_err(|e| match e {
+    result.map(|dir| (dir, made)).map_err(|e| match e {
         _ if limit.is_some() => limit.take().expect("checked"),
         WalkError::Symlink => ArchiveError::Hostile {
             entry: shown.to_owned(),
@@ -598,6 +616,74 @@ mod tests {
         assert_eq!(fs::read_to_string(dest.join("new")).unwrap(), "new");
         let ino = |p: &str| fs::metadata(dest.join(p)).unwrap().ino();
         assert_eq!(ino("new"), ino("a/b/f"));
+    }
+
+    /// Where the mount and a restore stop counting, for the same archive.
+    fn boundary(members: &[Member<'_>], expected: u64) {
+        struct Discard;
+        impl super::super::index::ContentSink for Discard {
+            fn pack(&mut self, _data: &[u8]) -> io::Result<u64> {
+                Ok(0)
+            }
+            fn own_file(&mut self, _node: u32) -> io::Result<Box<dyn Write + '_>> {
+                Ok(Box::new(io::sink()))
+            }
+        }
+        let bytes = tar(members);
+        for max_entries in [expected, expected - 1] {
+            let limits = Limits {
+                max_entries,
+                ..Limits::DEFAULT
+            };
+            let tmp = tempfile::tempdir().unwrap();
+            let restored = extract(&bytes[..], &tmp.path().join("dest"), limits);
+            let indexed = super::super::index::build(&bytes[..], &mut Discard, limits, 0);
+            for (reader, result) in [
+                ("restore", restored.map(drop)),
+                ("index", indexed.map(drop)),
+            ] {
+                match result {
+                    Ok(()) if max_entries == expected => {}
+                    Err(ArchiveError::TooManyEntries(_)) if max_entries < expected => {}
+                    other => panic!("{reader} with --max-entries {max_entries}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// Directories entered again from afar count, the same in both readers; the
+    /// parents of a tree in tar's order pay nothing for them.
+    #[test]
+    fn the_mount_and_a_restore_count_reentered_directories_alike() {
+        let deep = "d/".repeat(39);
+        let (x, y) = (format!("x/{deep}f"), format!("y/{deep}g"));
+        let (x2, y2) = (format!("x/{deep}f2"), format!("y/{deep}g2"));
+        // Each file makes 40 directories (1 + 40 entries); then each entry re-enters
+        // the 40 of the other tree: 8 beyond the 32 that are free.
+        let alternating = [File(&x, "1"), File(&y, "2"), File(&x2, "3"), File(&y2, "4")];
+        boundary(&alternating, 41 + 41 + 9 + 9);
+        // Links: each target re-enters the 40 directories of the other tree; the
+        // first starts from the root.
+        let links = [
+            File(&x, "1"),
+            File(&y, "2"),
+            HardLink("l1", &x),
+            HardLink("l2", &y),
+            HardLink("l3", &x),
+        ];
+        boundary(&links, 41 + 41 + 9 + 9 + 9);
+        // A tree in tar's order, with its directories: one entry each, the parents
+        // cost nothing more; the first link's target is 40 directories from the root,
+        // 8 beyond the free ones, and the next link's shares them all.
+        let mut dirs = vec![String::from("x/")];
+        for depth in 1..=39 {
+            dirs.push(format!("x/{}", "d/".repeat(depth)));
+        }
+        let mut ordered: Vec<Member<'_>> = dirs.iter().map(|d| Dir(d)).collect();
+        ordered.extend([File(&x, "1"), File(&x2, "3")]);
+        boundary(&ordered, 40 + 2);
+        ordered.extend([HardLink("x/l", &x), HardLink("x/l2", &x2)]);
+        boundary(&ordered, 40 + 2 + 9 + 1);
     }
 
     /// Directory attributes are set after everything below, wherever the archive put

@@ -15,8 +15,9 @@
 //! cache entry damaged on disk is detected when it is loaded again.
 //!
 //! The archive is read with [`super::for_each_entry`], so its limits hold: entries
-//! (implicit directories too) and unpacked bytes are counted, and no record is
-//! buffered beyond a fixed cap. The tree is built in memory from names alone: nothing
+//! (implicit directories too, and directories re-entered from afar, counted exactly as
+//! a restore counts them) and unpacked bytes are counted, and no record is buffered
+//! beyond a fixed cap. The tree is built in memory from names alone: nothing
 //! an archive says is ever used as a path on disk (contents are numbered by node).
 
 use std::collections::BTreeMap;
@@ -26,7 +27,10 @@ use serde::{Deserialize, Serialize};
 use tar::EntryType;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{ArchiveError, Entry, EntryMeta, Limits, Tally, clean_path, display_path, entry_meta};
+use super::{
+    ArchiveError, Entry, EntryMeta, Limits, PreviousPath, Tally, clean_path, display_path,
+    entry_meta,
+};
 
 /// Files at least this large are stored in a file of their own. Files of their own
 /// are shared by content between the cache's entries (turns that did not change a
@@ -168,6 +172,10 @@ struct Builder<'a> {
     default_mtime: i64,
     /// For copying large files (one allocation per archive, not per file).
     buf: Vec<u8>,
+    /// The previous entry's parent and the previous hard link's target directory, for
+    /// [`Tally::reentered`].
+    previous_parent: PreviousPath,
+    previous_target: PreviousPath,
 }
 
 /// Reads the whole tar stream, writing file contents into `sink`. `default_mtime`
@@ -185,6 +193,8 @@ pub fn build(
         unpacked: 0,
         default_mtime,
         buf: Vec::new(),
+        previous_parent: PreviousPath::default(),
+        previous_target: PreviousPath::default(),
     };
     builder.new_dir(0o755, 0, 0, default_mtime);
     super::for_each_entry(tar, limits, |entry, tally| builder.add(entry, tally))?;
@@ -217,14 +227,21 @@ impl Builder<'_> {
         self.children[dir as usize].as_ref()?.get(name).copied()
     }
 
-    /// The directory at `parts`, creating missing ones (each counts as an entry);
-    /// `None` if a non-directory is in the way (tar would fail that entry too).
+    /// The directory at `parts`, an entry's parent, creating missing ones (each counts
+    /// as an entry, and so do existing ones it enters anew beyond a few, as a restore
+    /// counts them); `None` if a non-directory is in the way (tar would fail that entry
+    /// too).
     fn dir_at(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Result<Option<u32>, ArchiveError> {
-        let mut dir = ROOT;
-        for part in parts {
+        let shared = self.previous_parent.follow(parts);
+        let (mut dir, mut reentered) = (ROOT, 0);
+        let mut found = None;
+        for (depth, part) in parts.iter().enumerate() {
             dir = match self.child(dir, part) {
-                Some(child) if self.children[child as usize].is_some() => child,
-                Some(_) => return Ok(None),
+                Some(child) if self.children[child as usize].is_some() => {
+                    reentered += usize::from(depth >= shared);
+                    child
+                }
+                Some(_) => break,
                 None => {
                     tally.entry()?;
                     let child = self.new_dir(0o755, 0, 0, self.default_mtime);
@@ -232,8 +249,42 @@ impl Builder<'_> {
                     child
                 }
             };
+            if depth + 1 == parts.len() {
+                found = Some(dir);
+            }
         }
-        Ok(Some(dir))
+        if parts.is_empty() {
+            found = Some(ROOT);
+        }
+        tally.reentered(reentered)?;
+        Ok(found)
+    }
+
+    /// The node a hard link's target path names, if the archive made it; the
+    /// directories on the way count as [`Self::dir_at`]'s existing ones do.
+    fn link_target(
+        &mut self,
+        target: &[u8],
+        tally: &mut Tally,
+    ) -> Result<Option<u32>, ArchiveError> {
+        let trimmed = target.strip_prefix(b"/").unwrap_or(target);
+        let Ok(parts) = clean_path(trimmed) else {
+            return Ok(None);
+        };
+        let Some((name, parents)) = parts.split_last() else {
+            return Ok(None);
+        };
+        let shared = self.previous_target.follow(parents);
+        let (mut dir, mut reentered) = (Some(ROOT), 0);
+        for (depth, part) in parents.iter().enumerate() {
+            dir = dir.and_then(|dir| self.child(dir, part));
+            match dir {
+                Some(_) => reentered += usize::from(depth >= shared),
+                None => break,
+            }
+        }
+        tally.reentered(reentered)?;
+        Ok(dir.and_then(|dir| self.child(dir, name)))
     }
 
     /// Points `dir/name` at `node`, unlinking whatever was there.
@@ -326,16 +377,7 @@ impl Builder<'_> {
                     .link_name_bytes()
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
-                let target_trimmed = target.strip_prefix(b"/").unwrap_or(&target);
-                let found = clean_path(target_trimmed).ok().and_then(|tparts| {
-                    let (tname, tparents) = tparts.split_last()?;
-                    let mut dir = ROOT;
-                    for part in tparents {
-                        dir = self.child(dir, part)?;
-                    }
-                    self.child(dir, tname)
-                });
-                match found {
+                match self.link_target(&target, tally)? {
                     Some(node) if self.children[node as usize].is_none() => {
                         if self.child(parent, name) != Some(node) {
                             self.nodes[node as usize].nlink += 1;

@@ -16,7 +16,18 @@
 //!   toward `max_entries`, every byte of entry data, read or skipped, counts toward
 //!   `max_unpacked_bytes`, and the bytes of every path and link target count toward
 //!   `max_metadata_bytes` (what readers keep in memory grows with them, not with the
-//!   archive's size: 200,000 links with 4 KiB targets fit in a 2 MB archive).
+//!   archive's size: 200,000 links with 4 KiB targets fit in a 2 MB archive);
+//! - a directory also counts toward `max_entries` each time a path enters it again
+//!   from afar: when an entry's parent enters more than [`FREE_REENTRIES`] existing
+//!   directories that the previous entry's parent did not go through, each one beyond
+//!   those counts, and likewise for a hard link's target against the previous link's
+//!   target (the first link's against the root). A restore opens every directory a
+//!   path enters anew (one system call each, see [`crate::beneath::DirCursor`]), so
+//!   without this an archive whose entries jump between two trees 2,000 levels deep
+//!   would cost 2,000 calls per entry, in an archive of a few hundred KB. The parents
+//!   of an archive in tree order, as tar writes it, re-enter at most one directory
+//!   per entry and never pay; the mount counts the same, so that both read the same
+//!   archives.
 
 pub mod extract;
 pub mod gz;
@@ -28,6 +39,11 @@ use std::cell::Cell;
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::rc::Rc;
+
+/// Existing directories a path (an entry's parent, a hard link's target) may enter,
+/// beyond those it shares with the previous path of its kind, before each further one
+/// counts as an entry.
+pub const FREE_REENTRIES: usize = 32;
 
 /// Most bytes of tar metadata one entry may take before its data begins.
 pub const MAX_METADATA: u64 = 256 * 1024;
@@ -100,7 +116,17 @@ pub struct Tally {
 impl Tally {
     /// One more entry, explicit or implied (a parent directory made on the way).
     pub fn entry(&mut self) -> Result<(), ArchiveError> {
-        self.entries += 1;
+        self.count_entries(1)
+    }
+
+    /// `n` existing directories that one path entered anew (see [`PreviousPath`]):
+    /// those beyond [`FREE_REENTRIES`] count as entries.
+    pub fn reentered(&mut self, n: usize) -> Result<(), ArchiveError> {
+        self.count_entries(n.saturating_sub(FREE_REENTRIES) as u64)
+    }
+
+    fn count_entries(&mut self, n: u64) -> Result<(), ArchiveError> {
+        self.entries = self.entries.saturating_add(n);
         if self.entries > self.limits.max_entries {
             return Err(ArchiveError::TooManyEntries(self.limits.max_entries));
         }
@@ -139,6 +165,32 @@ impl Tally {
 
     pub fn unpacked_bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+/// The previous path of one kind (the parent of the previous entry, or the target
+/// directory of the previous hard link), to tell which directories of the next one it
+/// enters anew. Readers count those that exist already with [`Tally::reentered`].
+#[derive(Default)]
+pub(crate) struct PreviousPath {
+    parts: Vec<Vec<u8>>,
+}
+
+impl PreviousPath {
+    /// Takes `parts` as the previous path from now on; returns how many leading
+    /// components they share with the one before. (Only the components that differ
+    /// are copied, so following every entry costs what the directories entered do.)
+    pub(crate) fn follow(&mut self, parts: &[&[u8]]) -> usize {
+        let shared = self
+            .parts
+            .iter()
+            .zip(parts)
+            .take_while(|(held, part)| held.as_slice() == **part)
+            .count();
+        self.parts.truncate(shared);
+        self.parts
+            .extend(parts[shared..].iter().map(|part| part.to_vec()));
+        shared
     }
 }
 
