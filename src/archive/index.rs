@@ -83,12 +83,15 @@ pub enum FileLocation {
     Own,
 }
 
-/// What one node of a loaded index takes in memory besides its name: the node itself,
-/// its entry in its parent's children, and the allocator's overhead for the name and
-/// for a directory's list of children (measured: 131 bytes a node for an index of 2
-/// million directories).
-pub const NODE_MEMORY: u64 =
-    (std::mem::size_of::<Node>() + std::mem::size_of::<(Vec<u8>, u32)>() + 48) as u64;
+/// What one node of a loaded index takes in memory: the node itself and the
+/// allocator's overhead for a directory's list of children.
+pub const NODE_MEMORY: u64 = (std::mem::size_of::<Node>() + 16) as u64;
+
+/// What one entry of a directory's children takes besides the bytes of its name: the
+/// slot in the list and the smallest allocation the name gets. Counted per name, not
+/// per node: hard links are names without nodes of their own. (Measured together
+/// with [`NODE_MEMORY`]: 131 bytes a node for an index of 2 million directories.)
+pub const CHILD_MEMORY: u64 = (std::mem::size_of::<(Vec<u8>, u32)>() + 32) as u64;
 
 /// What one entry may take in memory while its archive is being indexed: a loaded
 /// node's share, plus the map of a directory's children that the builder keeps until
@@ -105,12 +108,15 @@ impl Index {
             .nodes
             .iter()
             .map(|node| match &node.kind {
-                NodeKind::Dir { children } => children.iter().map(|(n, _)| n.len() as u64).sum(),
+                NodeKind::Dir { children } => children
+                    .iter()
+                    .map(|(n, _)| CHILD_MEMORY + n.len() as u64)
+                    .sum(),
                 NodeKind::Symlink { target } => target.len() as u64,
                 NodeKind::File { .. } => 0,
             })
             .sum();
-        self.nodes.len() as u64 * NODE_MEMORY + names
+        self.nodes.capacity() as u64 * NODE_MEMORY + names
     }
 
     pub fn node(&self, index: u32) -> Option<&Node> {
@@ -457,6 +463,8 @@ impl Builder<'_> {
                 };
             }
         }
+        // Without the spare room a growing vector keeps (up to as much again).
+        self.nodes.shrink_to_fit();
         Ok(Index {
             nodes: self.nodes,
             unpacked_bytes: self.unpacked,

@@ -116,7 +116,8 @@ pub struct Tally {
 impl Tally {
     /// One more entry, explicit or implied (a parent directory made on the way).
     pub fn entry(&mut self) -> Result<(), ArchiveError> {
-        self.count_entries(1)
+        self.count_entries(1)?;
+        self.memory(index::BUILD_NODE_MEMORY)
     }
 
     /// `n` existing directories that one path entered anew (see [`PreviousPath`]):
@@ -130,7 +131,7 @@ impl Tally {
         if self.entries > self.limits.max_entries {
             return Err(ArchiveError::TooManyEntries(self.limits.max_entries));
         }
-        self.memory(index::BUILD_NODE_MEMORY)
+        Ok(())
     }
 
     fn memory(&mut self, n: u64) -> Result<(), ArchiveError> {

@@ -182,7 +182,7 @@ fn a_filesystem_dropped_as_it_starts_stops_its_loaders() {
 /// half the budget is refused, with the limit named in `.status`.
 #[test]
 fn loaded_indexes_stay_within_the_memory_budget() {
-    use crate::archive::index::{BUILD_NODE_MEMORY, NODE_MEMORY};
+    use crate::archive::index::{BUILD_NODE_MEMORY, CHILD_MEMORY, NODE_MEMORY};
     let tree = |prefix: char, n: usize| -> Vec<(String, Vec<u8>)> {
         (0..n)
             .map(|i| (format!("{prefix}{i:04}"), b"x".to_vec()))
@@ -198,7 +198,7 @@ fn loaded_indexes_stay_within_the_memory_budget() {
     // Half the budget is room for one small index being built (200 entries, names of
     // 5 bytes); the other half holds `kept` of them loaded (201 nodes each).
     let building = 200 * (BUILD_NODE_MEMORY + 5);
-    let loaded = 201 * NODE_MEMORY + 200 * 5;
+    let loaded = 201 * NODE_MEMORY + 200 * (CHILD_MEMORY + 5);
     let kept = (building / loaded) as usize;
     assert!((1..5).contains(&kept), "sizes changed: {building} {loaded}");
     let (f, ids) = fixture_with(
