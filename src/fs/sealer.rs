@@ -390,7 +390,7 @@ impl Sealer {
     }
 
     fn seal_now(&self, name: &[u8]) -> Result<PutReport, FsError> {
-        let frozen = self.staging.freeze(name)?;
+        let frozen = self.staging.freeze(name, self.config.limits.max_entries)?;
         // A workspace started from one checkpoint (`cp -a MNT/<sha>/. staging/NAME/`)
         // records it as its parent; from several, or none that the mount saw, none.
         let parent = match frozen.copied_from.len() {

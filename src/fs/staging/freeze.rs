@@ -27,7 +27,10 @@ impl StagingTree {
     /// frozen already. Holds the gate for writing throughout, so that the set of frozen
     /// inodes is the whole workspace at one instant, and every write that began before
     /// has ended (writes come by inode and hold the gate: see `files.rs`).
-    pub fn freeze(&self, name: &[u8]) -> Result<Frozen, FsError> {
+    /// A workspace of more than `max_entries` entries is refused as soon as the walk
+    /// passes that many (the mount could not read its checkpoint back), so that the
+    /// gate is not held, nor memory taken, for longer than a readable one takes.
+    pub fn freeze(&self, name: &[u8], max_entries: u64) -> Result<Frozen, FsError> {
         let _gate = self.gate.write().expect("staging gate");
         let dir =
             beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
@@ -37,7 +40,15 @@ impl StagingTree {
                 }
             })?;
         let mut inodes = Vec::new();
-        for_each_inode(&dir, &mut |ino| inodes.push(self.fuse_ino(ino)))?;
+        for_each_inode(&dir, &mut |ino| {
+            if inodes.len() as u64 > max_entries {
+                return Err(FsError::TooLarge(format!(
+                    "the workspace has more than {max_entries} entries (--max-entries)"
+                )));
+            }
+            inodes.push(self.fuse_ino(ino));
+            Ok(())
+        })?;
         let mut frozen = self.frozen.lock().expect("frozen lock");
         if inodes.iter().any(|i| frozen.contains(i)) {
             return Err(FsError::Busy);
@@ -109,12 +120,12 @@ impl StagingTree {
         let inside: HashSet<u64> = frozen.inodes.iter().copied().collect();
         walk(&frozen.dir, &mut |dir, name, backing_ino, kind| {
             if kind != rfs::FileType::RegularFile {
-                return;
+                return Ok(());
             }
             let ino = self.fuse_ino(backing_ino);
             let mut known = self.known.lock().expect("staging lock");
             let Some(entry) = known.get_mut(&ino) else {
-                return;
+                return Ok(());
             };
             let only_inside = match &entry.place {
                 Place::Links(links) => links.iter().all(|(parent, _)| inside.contains(parent)),
@@ -123,6 +134,7 @@ impl StagingTree {
             if only_inside && self.link_parked(dir, OsStr::from_bytes(name), ino) {
                 entry.place = Place::Parked;
             }
+            Ok(())
         })
         .map_err(|e| match e {
             FsError::Os(e) => e,
@@ -132,14 +144,17 @@ impl StagingTree {
 }
 
 /// Calls `add` with the inode number of `dir` and of everything below it.
-fn for_each_inode(dir: &OwnedFd, add: &mut dyn FnMut(u64)) -> Result<(), FsError> {
-    add(rfs::fstat(dir).map_err(os)?.st_ino);
+fn for_each_inode(
+    dir: &OwnedFd,
+    add: &mut dyn FnMut(u64) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    add(rfs::fstat(dir).map_err(os)?.st_ino)?;
     walk(dir, &mut |_, _, ino, _| add(ino))
 }
 
 /// What [`walk`] calls with each entry: the directory it is in, its name, its inode
-/// number and its kind.
-type Visit<'a> = dyn FnMut(BorrowedFd<'_>, &[u8], u64, rfs::FileType) + 'a;
+/// number and its kind. An error stops the walk.
+type Visit<'a> = dyn FnMut(BorrowedFd<'_>, &[u8], u64, rfs::FileType) -> Result<(), FsError> + 'a;
 
 /// Calls `visit` with each entry below `dir`, entering directories through
 /// descriptors only, one at a time (see [`beneath::Descent`]): a tree of any depth is
@@ -184,7 +199,7 @@ fn list_entries(dir: BorrowedFd<'_>, visit: &mut Visit<'_>) -> Result<Vec<Vec<u8
                 .unwrap_or(rfs::FileType::Unknown),
             kind => kind,
         };
-        visit(dir, name, entry.ino(), kind);
+        visit(dir, name, entry.ino(), kind)?;
         if kind == rfs::FileType::Directory {
             subdirs.push(name.to_vec());
         }

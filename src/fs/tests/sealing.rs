@@ -118,7 +118,7 @@ fn a_frozen_tree_refuses_every_change_and_an_open_writer_does_not_hold_off_a_sea
     // Where the kernel sends opens, an open is only checked: writes come by inode
     // and the freeze refuses them, so a file open for writing does not stop a seal.
     let writer = f.fs.open(file, libc::O_WRONLY).unwrap();
-    let frozen = f.fs.staging.freeze(b"ws").unwrap();
+    let frozen = f.fs.staging.freeze(b"ws", u64::MAX).unwrap();
     f.fs.release(writer.fh);
     // Frozen by hand, as a seal does: every change inside answers EBUSY, writes and
     // copies into a file included.
@@ -292,14 +292,21 @@ fn staging_is_not_served_by_passthrough_and_staging_itself_cannot_change() {
 /// A seal whose cache fails (here, no entry can be started) cannot rely on its
 /// indexer to say whether the mount could read the archive back: it reads the archive
 /// once more, and refuses one past the mount's limits before anything is stored or
-/// deleted.
+/// deleted (here, an index larger than half the memory budget, which the freeze's
+/// count of entries does not see).
 #[test]
 fn a_seal_without_its_cache_still_refuses_what_the_mount_could_not_read() {
-    let (f, _) = fixture(&[]);
+    use crate::archive::index::BUILD_NODE_MEMORY;
+    let (f, _) = fixture_with(
+        &[],
+        Options {
+            memory_budget: 2 * 500 * BUILD_NODE_MEMORY,
+            ..Options::default()
+        },
+    );
     let ws = stage(&f.fs, b"many", b"x");
-    // The fixture's mount reads at most 10,000 entries.
-    for i in 0..10_000 {
-        let name = format!("f{i:05}");
+    for i in 0..1_000 {
+        let name = format!("f{i:04}");
         let (_, opened) =
             f.fs.create(ws, name.as_bytes(), 0o644, libc::O_WRONLY, ROOT_CALLER)
                 .unwrap();
@@ -309,8 +316,8 @@ fn a_seal_without_its_cache_still_refuses_what_the_mount_could_not_read() {
     std::fs::write(&f.cache_entries, b"in the way").unwrap();
     let err = seal(&f.fs, b"many").unwrap_err();
     assert_eq!(err.errno(), libc::EFBIG, "{err}");
-    assert!(err.to_string().contains("--max-entries"), "{err}");
-    assert_eq!(names(&f.fs, ws).len(), 10_003, "the workspace is kept");
+    assert!(err.to_string().contains("half of --memory-budget"), "{err}");
+    assert_eq!(names(&f.fs, ws).len(), 1_003, "the workspace is kept");
     assert!(
         std::fs::read_dir(f.store_dir.path())
             .unwrap()
