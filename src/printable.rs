@@ -27,18 +27,10 @@ pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
     let mut out = String::with_capacity(bytes.len() + 8);
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c if c.is_ascii_control() => {
-                    let _ = write!(out, "\\x{:02x}", c as u32);
-                }
-                c if c.is_control() || reorders(c) => {
-                    let _ = write!(out, "\\u{{{:x}}}", c as u32);
-                }
-                c => out.push(c),
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else if !push_control(&mut out, c) {
+                out.push(c);
             }
         }
         for b in chunk.invalid() {
@@ -57,20 +49,29 @@ pub fn message(text: &str) -> Cow<'_, str> {
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_ascii_control() => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if c.is_control() || reorders(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
+        if !push_control(&mut out, c) {
+            out.push(c);
         }
     }
     Cow::Owned(out)
+}
+
+/// Writes `c` escaped if it is a control character or one that reorders text (see the
+/// module comment); returns whether it was one.
+fn push_control(out: &mut String, c: char) -> bool {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if c.is_ascii_control() => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        }
+        c if c.is_control() || reorders(c) => {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        }
+        _ => return false,
+    }
+    true
 }
 
 /// A value shown by [`message`], for `tracing` fields and `format!`.

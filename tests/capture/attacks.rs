@@ -19,6 +19,13 @@ use crate::util::{TestStore, ckptfs, run, sha256_hex};
 
 const SECRET: &[u8] = b"AKIA-OUTSIDE-SECRET-0123456789";
 
+/// A command that runs what follows as user and group 65534 (nobody), no other groups.
+fn as_nobody() -> std::process::Command {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]);
+    cmd
+}
+
 fn rename_exchange(dir: &Path, a: &str, b: &str) -> std::io::Result<()> {
     let (a, b) = (c_path(&dir.join(a)), c_path(&dir.join(b)));
     // SAFETY: both paths are NUL-terminated and outlive the call.
@@ -466,16 +473,7 @@ fn staging_itself_cannot_be_opened_up_and_other_users_get_and_seal_their_own_wor
         0o700
     );
     // Another user makes a workspace, which is theirs.
-    let out = run(std::process::Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "mkdir",
-        ])
-        .arg(staging.join("nobody-ws")));
+    let out = run(as_nobody().arg("mkdir").arg(staging.join("nobody-ws")));
     assert!(out.status.success(), "{out}");
     assert_eq!(
         fs::metadata(staging.join("nobody-ws")).unwrap().uid(),
@@ -483,32 +481,22 @@ fn staging_itself_cannot_be_opened_up_and_other_users_get_and_seal_their_own_wor
     );
     // And cannot remove someone else's.
     fs::create_dir(staging.join("root-ws")).unwrap();
-    let out = run(std::process::Command::new("setpriv")
-        .args([
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-            "rmdir",
-        ])
-        .arg(staging.join("root-ws")));
+    let out = run(as_nobody().arg("rmdir").arg(staging.join("root-ws")));
     assert!(!out.status.success(), "{out}");
     assert!(staging.join("root-ws").is_dir());
     // They seal their own workspace (commit/ lets anyone the mount lets in move a
     // workspace there), and cannot seal someone else's (staging/ is sticky).
     fs::write(staging.join("nobody-ws/f"), b"theirs\n").unwrap();
-    let as_nobody = |script: &str| {
-        run(std::process::Command::new("setpriv")
-            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+    let sh_as_nobody = |script: &str| {
+        run(as_nobody()
             .args(["sh", "-c", script])
             .current_dir(mount.path()))
     };
-    let out = as_nobody("mv staging/nobody-ws commit/nobody-ws");
+    let out = sh_as_nobody("mv staging/nobody-ws commit/nobody-ws");
     assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
     let sha = mount.commit_target("nobody-ws");
     assert_eq!(fs::read(mount.join(&sha).join("f")).unwrap(), b"theirs\n");
-    let out = as_nobody("mv staging/root-ws commit/root-ws");
+    let out = sh_as_nobody("mv staging/root-ws commit/root-ws");
     assert!(!out.status.success(), "{out}");
     assert!(staging.join("root-ws").is_dir());
 }
@@ -641,8 +629,7 @@ fn a_daemon_without_root_does_not_let_other_users_into_staging() {
     let work = repo_temp_dir("capture-nonroot-other-");
     let mnt = work.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let out = run(std::process::Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+    let out = run(as_nobody()
         .arg(env!("CARGO_BIN_EXE_ckptfs"))
         .arg("mount")
         .arg(store.url())

@@ -167,18 +167,43 @@ fn check_tree(dest: &std::path::Path) {
     }
 }
 
+/// An archive planted in a local store, and where it is restored.
+struct Planted {
+    store: TestStore,
+    sha: String,
+    work: tempfile::TempDir,
+}
+
+impl Planted {
+    fn dest(&self) -> std::path::PathBuf {
+        self.work.path().join("dest")
+    }
+}
+
+/// Plants `bytes` as a checkpoint and runs `ckptfs get` of it under [`TIME_LIMIT`].
+fn planted_and_got(bytes: &[u8]) -> (Planted, super::Measured) {
+    let sha = sha256_hex(bytes);
+    let store = TestStore::local();
+    store.write_object_bytes(&sha, bytes, Some((&sha, bytes.len() as u64)));
+    let planted = Planted {
+        store,
+        sha,
+        work: temp_dir(),
+    };
+    let mut get = ckptfs();
+    get.arg("get")
+        .arg(planted.store.url())
+        .arg(&planted.sha)
+        .arg(planted.dest());
+    let measured = run_measured(&mut get, TIME_LIMIT).unwrap_or_else(|e| panic!("{e}"));
+    (planted, measured)
+}
+
 #[test]
 fn a_deep_tree_of_many_files_is_restored_in_linear_time() {
     let bytes = deep_archive();
-    let sha = sha256_hex(&bytes);
-    let store = TestStore::local();
-    store.write_object_bytes(&sha, &bytes, Some((&sha, bytes.len() as u64)));
-    let work = temp_dir();
-    let dest = work.path().join("dest");
-
-    let mut get = ckptfs();
-    get.arg("get").arg(store.url()).arg(&sha).arg(&dest);
-    let measured = run_measured(&mut get, TIME_LIMIT).unwrap_or_else(|e| panic!("{e}"));
+    let (planted, measured) = planted_and_got(&bytes);
+    let dest = planted.dest();
     println!(
         "get of {} bytes ({FILES} files, {LINKS} links, {DEPTH} levels deep): {:.2} s, {} KiB peak RSS",
         bytes.len(),
@@ -220,15 +245,9 @@ fn entries_jumping_between_deep_trees_count_the_directories_they_enter_again() {
         );
     }
     let bytes = t.end().finish();
-    let sha = sha256_hex(&bytes);
-    let store = TestStore::local();
-    store.write_object_bytes(&sha, &bytes, Some((&sha, bytes.len() as u64)));
-    let work = temp_dir();
-    let dest = work.path().join("dest");
-
-    let mut get = ckptfs();
-    get.arg("get").arg(store.url()).arg(&sha).arg(&dest);
-    let measured = run_measured(&mut get, TIME_LIMIT).unwrap_or_else(|e| panic!("{e}"));
+    let (planted, measured) = planted_and_got(&bytes);
+    let (store, sha) = (&planted.store, &planted.sha);
+    let dest = planted.dest();
     println!(
         "get of {} bytes ({FILES} files alternating between two trees 2,040 deep): {:.2} s",
         bytes.len(),
@@ -242,9 +261,9 @@ fn entries_jumping_between_deep_trees_count_the_directories_they_enter_again() {
     );
     assert!(!dest.exists(), "a failed get removes the DEST it made");
 
-    let mount = Mount::new(&store).start();
-    let err = std::fs::read_dir(mount.join(&sha)).map(drop).unwrap_err();
+    let mount = Mount::new(store).start();
+    let err = std::fs::read_dir(mount.join(sha)).map(drop).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    let state = mount.status().state(&sha).to_owned();
+    let state = mount.status().state(sha).to_owned();
     assert!(state.contains("(--max-entries)"), "{state}");
 }
