@@ -181,13 +181,7 @@ impl DirCursor {
     /// Drops whatever the cursor holds at `parts` or below: the directory at that path
     /// was removed (or may have been). The root itself cannot be.
     pub fn forget(&mut self, parts: &[&[u8]]) {
-        let below = !parts.is_empty()
-            && self.names.len() >= parts.len()
-            && self
-                .names
-                .iter()
-                .zip(parts)
-                .all(|(held, part)| held == part);
+        let below = !parts.is_empty() && shared_prefix(&self.names, parts) == parts.len();
         if below {
             self.truncate(parts.len() - 1);
         }
@@ -223,13 +217,7 @@ impl DirCursor {
     /// then down one component at a time. On an error the cursor stays at the last
     /// directory it reached.
     fn walk(&mut self, parts: &[&[u8]], mut create: Option<Create<'_>>) -> io::Result<()> {
-        let shared = self
-            .names
-            .iter()
-            .zip(parts)
-            .take_while(|(held, part)| held.as_slice() == **part)
-            .count();
-        self.truncate(shared);
+        self.truncate(shared_prefix(&self.names, parts));
         for part in &parts[self.names.len()..] {
             let name = OsStr::from_bytes(part);
             let dir = self.dir();
@@ -255,6 +243,14 @@ impl DirCursor {
         }
         Ok(())
     }
+}
+
+/// How many leading components path `held` shares with path `parts`.
+pub(crate) fn shared_prefix(held: &[Vec<u8>], parts: &[&[u8]]) -> usize {
+    held.iter()
+        .zip(parts)
+        .take_while(|(held, part)| held.as_slice() == **part)
+        .count()
 }
 
 /// The type of `name` in `dir`, if it exists (a symlink is reported as one).

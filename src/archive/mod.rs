@@ -182,12 +182,7 @@ impl PreviousPath {
     /// components they share with the one before. (Only the components that differ
     /// are copied, so following every entry costs what the directories entered do.)
     pub(crate) fn follow(&mut self, parts: &[&[u8]]) -> usize {
-        let shared = self
-            .parts
-            .iter()
-            .zip(parts)
-            .take_while(|(held, part)| held.as_slice() == **part)
-            .count();
+        let shared = crate::beneath::shared_prefix(&self.parts, parts);
         self.parts.truncate(shared);
         self.parts
             .extend(parts[shared..].iter().map(|part| part.to_vec()));

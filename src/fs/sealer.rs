@@ -464,14 +464,15 @@ impl Sealer {
         // The indexer reads the archive as the mount would read it back: what it
         // refuses (more entries than --max-entries, metadata past its limit, a path
         // too long) must not be stored, nor the workspace deleted for it.
-        match &indexed {
-            Some((_, Ok(_))) => {}
-            Some((_, Err(e))) if unreadable(e).is_some() => {
-                return Err(unreadable(e).expect("a refusal"));
-            }
+        match indexed
+            .as_ref()
+            .map(|(_, built)| built.as_ref().map_err(unreadable))
+        {
+            Some(Ok(_)) => {}
+            Some(Err(Some(refusal))) => return Err(refusal),
             // The cache failed (a full disk, no descriptor left), so the indexer could
             // not say: read the archive once more, keeping nothing, to see.
-            _ => self.check_readable(archive.path(), mtime)?,
+            Some(Err(None)) | None => self.check_readable(archive.path(), mtime)?,
         }
         tracing::debug!(bytes = written.size, "archived and indexed; storing");
         let object = CheckpointId::parse(&written.sha256)

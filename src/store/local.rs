@@ -79,6 +79,18 @@ impl LocalStore {
         self.dir.join(name)
     }
 
+    /// Object `name` opened (a regular file only, see [`open_regular`]), with its path.
+    fn open_object(&self, name: &str) -> Result<(PathBuf, File), StoreError> {
+        let path = self.path(name);
+        match open_regular(&path) {
+            Ok(file) => Ok((path, file)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound { name: name.into() })
+            }
+            Err(e) => Err(StoreError::io("open", &path, e)),
+        }
+    }
+
     fn sidecar(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}{SIDECAR_SUFFIX}"))
     }
@@ -188,14 +200,7 @@ impl ObjectStore for LocalStore {
     }
 
     fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
-        let path = self.path(name);
-        let file = match open_regular(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound { name: name.into() });
-            }
-            Err(e) => return Err(StoreError::io("open", &path, e)),
-        };
+        let (path, file) = self.open_object(name)?;
         let length = file
             .metadata()
             .map_err(|e| StoreError::io("stat", &path, e))?
@@ -210,14 +215,7 @@ impl ObjectStore for LocalStore {
     }
 
     fn refresh(&self, name: &str, metadata: &BTreeMap<String, String>) -> Result<(), StoreError> {
-        let path = self.path(name);
-        let object = match open_regular(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound { name: name.into() });
-            }
-            Err(e) => return Err(StoreError::io("open", &path, e)),
-        };
+        let (path, object) = self.open_object(name)?;
         let doc = encode_sidecar(metadata);
         let sidecar_tmp = self.temp_file(|f| f.write_all(doc.as_bytes()))?;
         let sidecar = self.sidecar(name);

@@ -326,18 +326,8 @@ impl StagingTree {
             Mode::empty(),
         )
         .map_err(os)?;
+        // `trusted_dir` found it ours and made it 0700.
         let stat = rfs::fstat(&dir).map_err(os)?;
-        if stat.st_uid != rustix::process::geteuid().as_raw() {
-            return Err(FsError::Os(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                format!(
-                    "{} belongs to uid {}, not to the daemon's user; staged workspaces must be private",
-                    root.display(),
-                    stat.st_uid
-                ),
-            )));
-        }
-        rfs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(os)?;
         let root_fd = rfs::openat(
             &dir,
             ".",
