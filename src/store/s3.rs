@@ -301,8 +301,37 @@ impl S3Store {
         match response {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(self.remote_error("HeadObject", name, &e)),
+            Err(e) => Err(self.head_error(name, &e).await),
         }
+    }
+
+    /// The error of a failed `HeadObject`. An answer to HEAD has no body, so a 403
+    /// cannot say whether the key is unknown, the secret wrong or the request not
+    /// allowed; a one-byte `GetObject` of the same key asks the server again, with
+    /// a body that says which.
+    async fn head_error<E>(&self, name: &str, err: &SdkError<E>) -> StoreError
+    where
+        E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+    {
+        let uncoded = err
+            .as_service_error()
+            .is_some_and(|e| e.code().is_none_or(str::is_empty));
+        if uncoded {
+            let again = self
+                .client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(self.key(name))
+                .range("bytes=0-0")
+                .send()
+                .await;
+            if let Err(e) = again
+                && e.as_service_error().and_then(|e| e.code()).is_some()
+            {
+                return self.remote_error("HeadObject", name, &e);
+            }
+        }
+        self.remote_error("HeadObject", name, err)
     }
 
     async fn upload_parts(
@@ -494,6 +523,10 @@ where
     }
 }
 
+const NO_CREDENTIALS: &str = "no AWS credentials found: set AWS_ACCESS_KEY_ID and \
+    AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile in ~/.aws/config or \
+    ~/.aws/credentials, or run with an instance or container role";
+
 /// One sentence for an S3 failure, naming its cause and, where there is one, the fix.
 fn explain<E>(endpoint: &str, err: &SdkError<E>) -> String
 where
@@ -507,11 +540,17 @@ where
                      ~/.aws/config or ~/.aws/credentials, with credentials or a way to get them?"
                 )
             }
-            CredentialsError::CredentialsNotLoaded(_) => "no AWS credentials found: set \
-                AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile \
-                in ~/.aws/config or ~/.aws/credentials, or run with an instance or \
-                container role"
-                .to_owned(),
+            CredentialsError::CredentialsNotLoaded(_) => NO_CREDENTIALS.to_owned(),
+            // The instance metadata service is the chain's last place to look: when it
+            // refuses (as it does on many hosts and CI machines that are not EC2
+            // instances), nothing before it had credentials either.
+            other if cause::<aws_config::imds::client::error::ImdsError>(other).is_some() => {
+                format!(
+                    "{NO_CREDENTIALS} (the instance metadata service, looked at last, \
+                     answered: {})",
+                    innermost(other)
+                )
+            }
             other => format!("cannot load AWS credentials: {}", innermost(other)),
         };
     }
@@ -522,7 +561,7 @@ where
             let text = service.err().message().unwrap_or("");
             match code {
                 "NoSuchBucket" => "no such bucket (NoSuchBucket)".to_owned(),
-                "InvalidAccessKeyId" => "the server does not know this access key \
+                "InvalidAccessKeyId" | "NotSignedUp" => "the server does not know this access key \
                     (InvalidAccessKeyId): check AWS_ACCESS_KEY_ID or the profile"
                     .to_owned(),
                 "SignatureDoesNotMatch" => "the secret key does not match the access key \
@@ -536,6 +575,11 @@ where
                     } else {
                         format!("; the server says: {text}")
                     }
+                ),
+                "" if status == 403 => format!(
+                    "access denied (HTTP 403 from {endpoint}, no reason given): check \
+                     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the profile, and what \
+                     the credentials are allowed"
                 ),
                 "" => format!("HTTP {status} from {endpoint}"),
                 _ if text.is_empty() => format!("{code} (HTTP {status})"),
@@ -837,18 +881,20 @@ impl ObjectStore for S3Store {
     }
 
     fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
-        let response = self.runtime.block_on(
-            self.client
+        self.runtime.block_on(async {
+            let response = self
+                .client
                 .head_object()
                 .bucket(&self.bucket)
                 .key(self.key(name))
-                .send(),
-        );
-        match response {
-            Ok(r) => Ok(object_meta(r.content_length(), r.metadata())),
-            Err(e) if is_not_found(&e) => Err(StoreError::NotFound { name: name.into() }),
-            Err(e) => Err(self.remote_error("HeadObject", name, &e)),
-        }
+                .send()
+                .await;
+            match response {
+                Ok(r) => Ok(object_meta(r.content_length(), r.metadata())),
+                Err(e) if is_not_found(&e) => Err(StoreError::NotFound { name: name.into() }),
+                Err(e) => Err(self.head_error(name, &e).await),
+            }
+        })
     }
 
     fn abort_uploads(&self, name: &str) -> Result<usize, StoreError> {

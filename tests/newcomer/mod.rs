@@ -475,3 +475,62 @@ fn every_mount_setting_has_an_environment_variable() {
         .unwrap();
     assert!(text.contains(".TH ckptfs 1"), "{text}");
 }
+
+/// Issue 27, items 1 and 2: `put` asks with HEAD first, whose 403 has no body to say
+/// why; and a host whose metadata service refuses is a host without credentials.
+#[test]
+fn put_and_a_refusing_metadata_service_say_which_credential_is_wrong() {
+    let tree = temp_dir();
+    fs::write(tree.path().join("a"), "a").unwrap();
+    for (variable, value, says) in [
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            "not-the-secret",
+            "AWS_SECRET_ACCESS_KEY",
+        ),
+        ("AWS_ACCESS_KEY_ID", "nobody-knows-me", "AWS_ACCESS_KEY_ID"),
+    ] {
+        let out = run(ckptfs()
+            .env("AWS_ENDPOINT_URL", s3s_endpoint())
+            .env(variable, value)
+            .arg("put")
+            .arg("s3://any-bucket/p")
+            .arg(tree.path()))
+        .failure();
+        let line = assert_human(&out);
+        assert!(
+            line.contains(says) && !line.contains("HTTP 403 from"),
+            "{out}"
+        );
+    }
+
+    // A metadata service that answers 403 to everything, as on hosts that are not
+    // EC2 instances but block the address.
+    let imds = TcpListener::bind("127.0.0.1:0").unwrap();
+    let imds_endpoint = format!("http://{}", imds.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in imds.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = std::io::Write::write_all(
+                &mut stream,
+                b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let home = temp_dir();
+    let out = run(ckptfs()
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_EC2_METADATA_DISABLED")
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds_endpoint)
+        .env("HOME", home.path())
+        .args(["ls", "s3://any-bucket/p"]))
+    .failure();
+    let line = assert_human(&out);
+    assert!(
+        line.contains("no AWS credentials found") && line.contains("AWS_ACCESS_KEY_ID"),
+        "{out}"
+    );
+}
