@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cli);
+    ckptfs::commands::say::init(cli.quiet, matches!(cli.log_format, LogFormat::Json));
     match ckptfs::commands::run(cli) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(code as u8),
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
             }
             // One line, whatever names the causes quote.
             let text = format!("{err:#}");
-            eprintln!("ckptfs: error: {}", ckptfs::printable::message(&text));
+            ckptfs::commands::say::error(&ckptfs::printable::message(&text));
             ExitCode::FAILURE
         }
     }
@@ -63,7 +64,10 @@ fn parse_arguments() -> Result<Cli, String> {
 fn init_logging(cli: &Cli) {
     let base = match (cli.quiet, cli.verbose, &cli.command) {
         (true, _, _) => "error",
-        (_, 0, Command::Mount(_)) => "info,aws_config=error",
+        // fuser says "Mounting" and "Unmounting" at info (the daemon says it better),
+        // and warns that its own unmount failed after every clean `umount`: the
+        // kernel had already detached the mount, which is how the session ended.
+        (_, 0, Command::Mount(_)) => "info,aws_config=error,fuser=warn,fuser::session=error",
         (_, 0, _) => "warn,aws_config=error",
         (_, 1, _) => {
             "debug,aws_config=warn,aws=info,hyper=info,hyper_util=info,h2=info,rustls=info"
@@ -77,8 +81,12 @@ fn init_logging(cli: &Cli) {
         .with_env_filter(filter);
     match cli.log_format {
         LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        LogFormat::Text => builder.with_ansi(colour()).init(),
     }
+}
+
+/// Colours on a terminal, unless `NO_COLOR` is set to anything (no-color.org).
+fn colour() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

@@ -1,6 +1,7 @@
 //! `ckptfs get STORE SHA256 DEST`: downloads a checkpoint, verifies it, and only then
 //! restores it into DEST (new or empty).
 
+use crate::commands::say;
 use anyhow::{Context, Result};
 
 use super::{bar, open_store, resolve_name, temp_dir};
@@ -41,7 +42,7 @@ pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
             });
             match earlier {
                 Some((version, stored_at)) => {
-                    eprintln!(
+                    say::note!(
                         "checkpoint {id}: {failure}; restoring the version of {} ({version}), which verifies",
                         humantime::format_rfc3339_seconds(stored_at)
                     );
@@ -62,7 +63,7 @@ pub(super) fn run(cli: &Cli, args: &GetArgs) -> Result<i32> {
         )
     })?;
     download.finish_and_clear();
-    eprintln!(
+    say::note!(
         "restored checkpoint {id} into {}: {} {}, {} bytes{}",
         args.dest.display(),
         summary.entries,

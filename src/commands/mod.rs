@@ -20,6 +20,7 @@ mod mount;
 mod prune;
 mod put;
 mod review_session;
+pub mod say;
 mod status;
 mod verify;
 

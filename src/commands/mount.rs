@@ -12,6 +12,7 @@
 //! connected"). Starting the daemon again on that mount point detaches the dead mount
 //! first, and says so in the log.
 
+use crate::commands::say;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
@@ -269,7 +270,10 @@ fn raise_open_file_limit() {
             tracing::warn!(error = %e, "could not raise the open file limit");
         }
     }
-    tracing::info!(limit = ?getrlimit(Resource::Nofile).current, "open file limit");
+    match getrlimit(Resource::Nofile).current {
+        Some(limit) => tracing::info!(limit, "open file limit"),
+        None => tracing::info!("no open file limit"),
+    }
 }
 
 /// Lists the store every `every`; at once if the first listing's order was not
@@ -374,7 +378,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
     let mut line = String::new();
     let _ = BufReader::new(reader).read_line(&mut line);
     if line.trim() == "ready" {
-        eprintln!(
+        say::note!(
             "mounted {} on {} (daemon pid {}, log {})",
             args.store,
             args.mountpoint.display(),
@@ -388,12 +392,29 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
     let last = log_text
         .lines()
         .rev()
-        .find(|l| l.contains("error"))
-        .map(|l| l.trim_start_matches("ckptfs: error: "))
-        .unwrap_or("see the log");
+        .find_map(last_error)
+        .or_else(|| {
+            log_text
+                .lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "see the log".to_owned());
     bail!(
         "the mount daemon exited ({}) before the mount was ready: {last} (log: {})",
         status.map_or("unknown status".into(), |s| s.to_string()),
         log_path.display()
     )
+}
+
+/// The message of the daemon's closing error line in its log, text or JSON.
+fn last_error(line: &str) -> Option<String> {
+    if let Some(message) = line.strip_prefix("ckptfs: error: ") {
+        return Some(message.to_owned());
+    }
+    let json: serde_json::Value = serde_json::from_str(line).ok()?;
+    (json["level"] == "ERROR")
+        .then(|| json["fields"]["message"].as_str().map(str::to_owned))
+        .flatten()
 }

@@ -2,6 +2,7 @@
 //! (see [`crate::prune`]), oldest first, printing one line per checkpoint: `keep`
 //! with its reasons, or `delete` (`would delete` with `--dry-run`).
 
+use crate::commands::say;
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::time::SystemTime;
@@ -101,7 +102,7 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
     } else {
         "deleted"
     };
-    eprintln!(
+    say::note!(
         "kept {kept}, {done} {deleted} ({freed} bytes) in {}",
         store.describe()
     );
@@ -111,7 +112,7 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
         .map(|d| d.info.id.object_name());
     if let Some(name) = first_deleted.filter(|_| deleted > 0 && !args.dry_run) {
         match store.versions(Some(&name)) {
-            Ok(Some(_)) => eprintln!(
+            Ok(Some(_)) => say::note!(
                 "the bucket keeps versions: the deleted checkpoints are hidden behind delete \
                  markers and their bytes stay (what Object Lock retains cannot be removed \
                  before its date); `verify --history` lists them, `get` restores them"

@@ -1,6 +1,7 @@
 //! `ckptfs put STORE DIR`: captures a directory as a checkpoint; prints
 //! `<sha256> <size>` on stdout and what happened in the store on stderr.
 
+use crate::commands::say;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
@@ -24,7 +25,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the store directory {}", args.store))?;
-        eprintln!("created the store directory {}", args.store);
+        say::note!("created the store directory {}", args.store);
     }
     let store = open_config(&config)?;
     let parent = match &args.parent {
@@ -84,15 +85,15 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     }
     println!("{} {}", report.id, report.size);
     match report.outcome {
-        StoreOutcome::AlreadyPresent => eprintln!(
+        StoreOutcome::AlreadyPresent => say::note!(
             "checkpoint {} already present in {} (verified); nothing uploaded",
             report.id,
             store.describe()
         ),
         StoreOutcome::Stored => {
-            eprintln!("stored checkpoint {} in {}", report.id, store.describe())
+            say::note!("stored checkpoint {} in {}", report.id, store.describe())
         }
-        StoreOutcome::Replaced { reason } => eprintln!(
+        StoreOutcome::Replaced { reason } => say::note!(
             "stored checkpoint {} in {}, replacing a damaged copy ({reason})",
             report.id,
             store.describe()

@@ -7,6 +7,7 @@
 //! directory admits one process at a time (an exclusive flock): when a running mount
 //! holds it, the command says so on stderr and uses a temporary cache.
 
+use crate::commands::say;
 use std::io::ErrorKind;
 use std::path::Path;
 use std::sync::Arc;
@@ -92,7 +93,7 @@ impl Session {
             return Err(CacheError::Verify(failure))
                 .with_context(|| format!("checkpoint {}", info.id));
         };
-        eprintln!(
+        say::note!(
             "checkpoint {}: {failure}; reading the version of {} ({version_id}), which verifies",
             info.id,
             humantime::format_rfc3339_seconds(stored_at)
@@ -136,7 +137,7 @@ fn open_cache(args: &ReviewArgs) -> Result<(Cache, Option<TempDir>)> {
         match Cache::open(dir, args.cache_size) {
             Ok(cache) => return Ok((cache, None)),
             Err(CacheError::Io { cause, .. }) if cause.kind() == ErrorKind::WouldBlock => {
-                eprintln!(
+                say::note!(
                     "note: the cache directory {} is in use (by a running mount?); \
                      using a temporary cache instead",
                     dir.display()

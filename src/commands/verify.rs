@@ -3,6 +3,7 @@
 //! with `--history` also `HIDDEN` and `TAMPERED` lines from a versioned bucket's
 //! versions; exit status 1 when anything was found.
 
+use crate::commands::say;
 use std::io::{self, Write};
 
 use anyhow::{Result, bail};
@@ -49,7 +50,7 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
     }
     out.flush()?;
     if failed > 0 {
-        eprintln!("{failed} problem(s) found in {} checkpoints", ids.len());
+        say::note!("{failed} problem(s) found in {} checkpoints", ids.len());
         return Ok(1);
     }
     Ok(0)

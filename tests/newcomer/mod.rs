@@ -534,3 +534,91 @@ fn put_and_a_refusing_metadata_service_say_which_credential_is_wrong() {
         "{out}"
     );
 }
+
+/// Each stderr line of `out` is one JSON object; returns their messages.
+#[track_caller]
+fn json_messages(out: &Output) -> Vec<String> {
+    out.stderr
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?} in {out}"));
+            value["fields"]["message"].as_str().unwrap_or("").to_owned()
+        })
+        .collect()
+}
+
+/// Issue 27, items 3, 7, 8 and 13: stderr follows `--log-format json`, `-q` and
+/// `NO_COLOR`, and a clean unmount logs no warning.
+#[test]
+fn stderr_follows_the_log_settings_and_a_clean_unmount_is_quiet() {
+    let store = TestStore::local();
+    let tree = temp_dir();
+    make_small_tree(tree.path(), "json");
+    let put = |flags: &[&str]| {
+        run(ckptfs()
+            .args(flags)
+            .arg("put")
+            .arg(store.url())
+            .arg(tree.path()))
+        .success()
+    };
+    let out = put(&["--log-format", "json"]);
+    let messages = json_messages(&out);
+    assert!(
+        messages.iter().any(|m| m.starts_with("stored checkpoint")),
+        "{out}"
+    );
+    let out = put(&["-q"]);
+    assert_eq!(out.stderr, "", "{out}");
+    let dest = temp_dir();
+    let out = run(ckptfs()
+        .arg("-q")
+        .arg("get")
+        .arg(store.url())
+        .arg("latest")
+        .arg(dest.path().join("x")))
+    .success();
+    assert_eq!(out.stderr, "", "{out}");
+
+    let out = run(ckptfs()
+        .args(["--log-format", "json", "mount"])
+        .arg(store.url())
+        .arg(dest.path().join("no-such-mount-point")))
+    .failure();
+    let messages = json_messages(&out);
+    assert!(messages.last().unwrap().contains("does not exist"), "{out}");
+
+    let mounted = Mount::new(&store)
+        .args(["--log-format", "json"])
+        .default_log_level()
+        .start();
+    fs::read_dir(mounted.path()).unwrap().for_each(drop);
+    let log = mounted.log_text();
+    mounted.unmount();
+    for line in log.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        assert!(!line.contains("Some("), "{line}");
+        assert_ne!(value["level"], "WARN", "{line}");
+    }
+
+    // On a terminal (script(1) gives one), log lines are coloured unless NO_COLOR.
+    let on_terminal = |no_color: bool| {
+        let command = format!("{} -v ls {}", env!("CARGO_BIN_EXE_ckptfs"), store.url());
+        let mut script = Command::new("script");
+        script.args(["-qec", &command, "/dev/null"]);
+        if no_color {
+            script.env("NO_COLOR", "1");
+        } else {
+            script.env_remove("NO_COLOR");
+        }
+        run(&mut script).success().stdout
+    };
+    assert!(on_terminal(false).contains("\x1b["), "no colour at all");
+    let plain = on_terminal(true);
+    assert!(
+        plain.contains("DEBUG") && !plain.contains("\x1b["),
+        "{plain:?}"
+    );
+}

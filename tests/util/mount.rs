@@ -41,6 +41,7 @@ pub struct Mount {
     staging: bool,
     endpoint: Option<String>,
     open_file_limit: Option<u64>,
+    default_log_level: bool,
     args: Vec<OsString>,
 }
 
@@ -53,6 +54,7 @@ impl Mount {
             staging: false,
             endpoint: None,
             open_file_limit: None,
+            default_log_level: false,
             args: Vec::new(),
         }
     }
@@ -108,6 +110,12 @@ impl Mount {
 
     /// Starts the daemon with this limit on open files (soft and hard), which it
     /// cannot raise.
+    /// The daemon logs at its own default level, not at `RUST_LOG=info`.
+    pub fn default_log_level(mut self) -> Self {
+        self.default_log_level = true;
+        self
+    }
+
     pub fn open_file_limit(mut self, limit: u64) -> Self {
         self.open_file_limit = Some(limit);
         self
@@ -139,9 +147,13 @@ impl Mount {
         if let Some(dir) = &staging_dir {
             cmd.arg("--staging-dir").arg(dir);
         }
-        cmd.args(&self.args)
-            .env("RUST_LOG", "info")
-            .stdout(log_file.try_clone().expect("clone log handle"))
+        cmd.args(&self.args);
+        if self.default_log_level {
+            cmd.env_remove("RUST_LOG");
+        } else {
+            cmd.env("RUST_LOG", "info");
+        }
+        cmd.stdout(log_file.try_clone().expect("clone log handle"))
             .stderr(log_file);
         if let Some(endpoint) = &self.endpoint {
             cmd.env("AWS_ENDPOINT_URL", endpoint);
