@@ -50,7 +50,22 @@ fn parse_arguments() -> Result<Cli, String> {
     let command = Cli::command();
     let mut names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
     names.push("help");
-    match ckptfs::mount_helper::translate(&args, &names) {
+    // What `-o` may say: the flags of `ckptfs mount` and the global ones, as `cache_dir`.
+    let mount = command
+        .find_subcommand("mount")
+        .expect("a mount subcommand");
+    let spelled: Vec<(String, bool)> = command
+        .get_arguments()
+        .chain(mount.get_arguments())
+        .filter_map(|arg| {
+            let long = arg
+                .get_long()
+                .filter(|l| !matches!(*l, "help" | "version"))?;
+            Some((long.replace('-', "_"), arg.get_action().takes_values()))
+        })
+        .collect();
+    let flags: Vec<_> = spelled.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    match ckptfs::mount_helper::translate(&args, &names, &flags) {
         None => Ok(Cli::parse_from(args)),
         Some(Ok(mount)) => Cli::try_parse_from(mount).map_err(|e| e.to_string()),
         Some(Err(message)) => Err(message),

@@ -49,9 +49,17 @@ const IGNORED: &[&str] = &[
     "loud",
 ];
 
+/// A `ckptfs mount` flag, as `-o` spells it (`cache_dir`), and whether it takes a value.
+pub type MountFlag<'a> = (&'a str, bool);
+
 /// The `ckptfs mount` arguments for a mount-helper invocation, or `None` when `args`
 /// (the process's arguments, the program first) is an ordinary `ckptfs` command line.
-pub fn translate(args: &[OsString], subcommands: &[&str]) -> Option<Result<Vec<OsString>, String>> {
+/// `mount_flags` are the options `-o` may give; another is refused with the list.
+pub fn translate(
+    args: &[OsString],
+    subcommands: &[&str],
+    mount_flags: &[MountFlag<'_>],
+) -> Option<Result<Vec<OsString>, String>> {
     let program = Path::new(args.first()?).file_name().unwrap_or_default();
     let as_helper = program.to_string_lossy().starts_with("mount.");
     let first = args.get(1)?.to_string_lossy();
@@ -63,10 +71,10 @@ pub fn translate(args: &[OsString], subcommands: &[&str]) -> Option<Result<Vec<O
     if !(as_helper || looks_like_helper) {
         return None;
     }
-    Some(parse(&args[1..]))
+    Some(parse(&args[1..], mount_flags))
 }
 
-fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
+fn parse(args: &[OsString], mount_flags: &[MountFlag<'_>]) -> Result<Vec<OsString>, String> {
     let mut positional = Vec::new();
     let mut options: Vec<String> = Vec::new();
     let mut flags = Vec::new();
@@ -129,7 +137,8 @@ fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
             "ro" => "read-only".to_owned(),
             // The mount is `nosuid,nodev` and served by the daemon whatever fsname says.
             "fsname" | "subtype" => continue,
-            other => other.replace('_', "-"),
+            other if mount_flags.iter().any(|(name, _)| *name == other) => other.replace('_', "-"),
+            other => return Err(unknown_option(other, mount_flags)),
         };
         out.push(OsString::from(format!("--{flag}")));
         if let Some(value) = value {
@@ -138,6 +147,24 @@ fn parse(args: &[OsString]) -> Result<Vec<OsString>, String> {
     }
     out.extend(flags);
     Ok(out)
+}
+
+/// "unknown mount option X", and the ones there are.
+fn unknown_option(option: &str, mount_flags: &[MountFlag<'_>]) -> String {
+    let known: Vec<String> = std::iter::once("ro".to_owned())
+        .chain(mount_flags.iter().map(|(name, takes_value)| {
+            if *takes_value {
+                format!("{name}=VALUE")
+            } else {
+                (*name).to_owned()
+            }
+        }))
+        .collect();
+    format!(
+        "unknown mount option {option}; ckptfs takes {} (and mount(8)'s own, such as \
+         noauto, nofail, _netdev and x-*)",
+        known.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -149,6 +176,13 @@ mod tests {
     }
 
     const COMMANDS: &[&str] = &["mount", "put", "get"];
+    const FLAGS: &[MountFlag<'static>] = &[
+        ("read_only", false),
+        ("allow_other", false),
+        ("cache_dir", true),
+        ("refresh", true),
+        ("owner_self", false),
+    ];
 
     #[test]
     fn mount_fuse3_lines_become_mount_commands() {
@@ -161,6 +195,7 @@ mod tests {
                 "ro,allow_other,cache_dir=/var/cache/c,refresh=10,dev,suid",
             ]),
             COMMANDS,
+            FLAGS,
         );
         let want = args(&[
             "ckptfs",
@@ -180,14 +215,17 @@ mod tests {
     #[test]
     fn ordinary_command_lines_are_left_alone() {
         assert_eq!(
-            translate(&args(&["ckptfs", "put", "store", "dir"]), COMMANDS),
+            translate(&args(&["ckptfs", "put", "store", "dir"]), COMMANDS, FLAGS),
             None
         );
-        assert_eq!(translate(&args(&["ckptfs", "--help"]), COMMANDS), None);
-        assert_eq!(translate(&args(&["ckptfs"]), COMMANDS), None);
+        assert_eq!(
+            translate(&args(&["ckptfs", "--help"]), COMMANDS, FLAGS),
+            None
+        );
+        assert_eq!(translate(&args(&["ckptfs"]), COMMANDS, FLAGS), None);
         // A mistyped subcommand is clap's to explain, not a mount.
         assert_eq!(
-            translate(&args(&["ckptfs", "lss", "store"]), COMMANDS),
+            translate(&args(&["ckptfs", "lss", "store"]), COMMANDS, FLAGS),
             None
         );
     }
@@ -203,6 +241,7 @@ mod tests {
                 "noauto,_netdev,x-systemd.automount,owner_self",
             ]),
             COMMANDS,
+            FLAGS,
         );
         assert_eq!(
             got,
@@ -214,7 +253,7 @@ mod tests {
                 "--owner-self"
             ])))
         );
-        let bad = translate(&args(&["mount.ckptfs", "only-one"]), COMMANDS);
+        let bad = translate(&args(&["mount.ckptfs", "only-one"]), COMMANDS, FLAGS);
         assert!(matches!(bad, Some(Err(_))));
     }
 
@@ -244,11 +283,35 @@ mod tests {
                     "--cache-dir=/var/cache/c",
                 ]),
                 COMMANDS,
+                FLAGS,
             );
             assert_eq!(got, Some(Ok(want.clone())), "{program}");
         }
         // Short flags other than mount(8)'s own stay refused.
-        let bad = translate(&args(&["ckptfs", "s", "/mnt", "-o", "ro", "-x"]), COMMANDS);
+        let bad = translate(
+            &args(&["ckptfs", "s", "/mnt", "-o", "ro", "-x"]),
+            COMMANDS,
+            FLAGS,
+        );
         assert!(matches!(bad, Some(Err(_))));
+    }
+
+    /// Issue 27, item 10: an option ckptfs does not have is named, with the ones it has.
+    #[test]
+    fn an_unknown_option_is_named_with_the_known_ones() {
+        let got = translate(
+            &args(&["ckptfs", "s3://b/p", "/mnt", "-o", "ro,bogus_opt=1"]),
+            COMMANDS,
+            FLAGS,
+        );
+        let Some(Err(message)) = got else {
+            panic!("accepted: {got:?}")
+        };
+        assert!(
+            message.starts_with("unknown mount option bogus_opt;")
+                && message.contains("cache_dir=VALUE")
+                && message.contains("allow_other"),
+            "{message}"
+        );
     }
 }

@@ -281,6 +281,15 @@ impl StoreConfig {
                 part_size,
                 stall_timeout: DEFAULT_STALL_TIMEOUT,
             })
+        } else if url.get(..3).is_some_and(|s| s.eq_ignore_ascii_case("s3:")) {
+            // `s3:/bucket`, `s3:bucket` or `S3://bucket` mean S3: taken for a local
+            // path they would make a directory named `s3:` and succeed.
+            Err(StoreError::InvalidUrl {
+                url: url.to_owned(),
+                reason: "an S3 store is written s3://BUCKET/PREFIX (two slashes, lower \
+                         case); for a local directory of this name, write ./ before it"
+                    .into(),
+            })
         } else if url.contains("://") {
             Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
@@ -346,7 +355,22 @@ mod tests {
                 dir: PathBuf::from("./store")
             }
         );
-        for bad in ["s3://", "s3:///prefix", "http://host/x", "gs://b/p"] {
+        assert_eq!(
+            StoreConfig::parse("./s3:/x", None, DEFAULT_PART_SIZE).unwrap(),
+            StoreConfig::Local {
+                dir: PathBuf::from("./s3:/x")
+            }
+        );
+        // Issue 27, item 4: S3 with one slash, none, or in capitals is not a path.
+        for bad in [
+            "s3://",
+            "s3:///prefix",
+            "http://host/x",
+            "gs://b/p",
+            "s3:/ckpts/proj",
+            "s3:ckpts",
+            "S3://ckpts/proj",
+        ] {
             assert!(
                 matches!(
                     StoreConfig::parse(bad, None, DEFAULT_PART_SIZE),

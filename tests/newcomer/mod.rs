@@ -622,3 +622,50 @@ fn stderr_follows_the_log_settings_and_a_clean_unmount_is_quiet() {
         "{plain:?}"
     );
 }
+
+/// Issue 27, items 4, 9 and 10: what a typo or a misread flag used to let through.
+#[test]
+fn arguments_that_would_be_misread_are_refused() {
+    let cwd = temp_dir();
+    let tree = temp_dir();
+    fs::write(tree.path().join("a"), "a").unwrap();
+    let out = run(ckptfs()
+        .current_dir(cwd.path())
+        .arg("put")
+        .arg("s3:/ckpts/proj")
+        .arg(tree.path()))
+    .failure();
+    assert!(assert_human(&out).contains("s3://BUCKET/PREFIX"), "{out}");
+    assert_eq!(
+        fs::read_dir(cwd.path()).unwrap().count(),
+        0,
+        "made a directory"
+    );
+
+    let store = TestStore::local();
+    let random: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(tree.path().join("random"), random).unwrap();
+    run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let out = run(ckptfs()
+        .args(["verify", "--max-archive-size", "1K"])
+        .arg(store.url()))
+    .failure();
+    assert!(
+        out.stdout.contains("FAILED") && out.stdout.contains("1024"),
+        "{out}"
+    );
+    run(ckptfs().arg("verify").arg(store.url())).success();
+
+    let mountpoint = temp_dir();
+    let out = run(ckptfs()
+        .arg(store.url())
+        .arg(mountpoint.path())
+        .args(["-o", "ro,bogus_opt=1"]))
+    .failure();
+    assert!(
+        out.stderr.contains("unknown mount option bogus_opt") && out.stderr.contains("cache_dir"),
+        "{out}"
+    );
+}
