@@ -373,9 +373,9 @@ impl StagingTree {
     }
 
     /// The descriptor of directory `ino`: the one kept, or opened again by name from
-    /// the nearest directory whose descriptor is kept (`staging/` itself at worst), one
-    /// name at a time without following links, each checked to be the directory it
-    /// names (`Stale` if a name now holds another inode).
+    /// the nearest directory whose descriptor is kept (`staging/` itself at worst),
+    /// without following links or leaving that directory, and checked to be the
+    /// directory it names (`Stale` if a name now holds another inode).
     fn fd(&self, ino: u64) -> Result<Arc<OwnedFd>, FsError> {
         let mut way_down = Vec::new();
         let mut at = ino;
@@ -407,18 +407,22 @@ impl StagingTree {
             way_down.push((at, name));
             at = parent;
         };
-        for (ino, name) in way_down.into_iter().rev() {
-            let next = rfs::openat(
-                &*fd,
-                OsStr::from_bytes(&name),
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|_| FsError::Stale)?;
-            if self.fuse_ino(rfs::fstat(&next).map_err(os)?.st_ino) != ino {
+        // A writer can make a workspace as deep as it likes, so the way down is taken
+        // in few system calls (many names each, the kernel refusing links and `..`),
+        // and only the directory asked for is kept: a deep climb does not push the
+        // descriptors of other directories out.
+        way_down.reverse();
+        let mut rest = way_down.as_slice();
+        while !rest.is_empty() {
+            let (next, taken) = descend(&fd, rest)?;
+            let expected = rest[taken - 1].0;
+            if self.fuse_ino(rfs::fstat(&next).map_err(os)?.st_ino) != expected {
                 return Err(FsError::Stale);
             }
             fd = Arc::new(next);
+            rest = &rest[taken..];
+        }
+        if !way_down.is_empty() {
             (self.dirs.lock().expect("dirs lock")).put(ino, Arc::clone(&fd));
         }
         Ok(fd)
@@ -876,3 +880,55 @@ impl Subtree for StagingTree {
         FsError::Os(std::io::Error::from_raw_os_error(libc::EXDEV))
     }
 }
+
+/// Opens, beneath `from`, the directory that the first names of `way` lead to, as
+/// many at once as a path holds; returns it and how many names it took. Links and
+/// `..` are refused by the kernel (`openat2` with `RESOLVE_BENEATH` and
+/// `RESOLVE_NO_SYMLINKS`), or, on a kernel without `openat2`, by taking one name at a
+/// time without following links.
+fn descend(from: &OwnedFd, way: &[(u64, Vec<u8>)]) -> Result<(OwnedFd, usize), FsError> {
+    use rustix::fs::ResolveFlags;
+    const FLAGS: OFlags = OFlags::PATH
+        .union(OFlags::DIRECTORY)
+        .union(OFlags::NOFOLLOW)
+        .union(OFlags::CLOEXEC);
+    static NO_OPENAT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let one_at_a_time = || {
+        rfs::openat(from, OsStr::from_bytes(&way[0].1), FLAGS, Mode::empty())
+            .map(|fd| (fd, 1))
+            .map_err(|_| FsError::Stale)
+    };
+    if NO_OPENAT2.load(std::sync::atomic::Ordering::Relaxed) {
+        return one_at_a_time();
+    }
+    let mut path = Vec::new();
+    let mut taken = 0;
+    for (_, name) in way {
+        if !path.is_empty() && path.len() + 1 + name.len() >= PATH_CHUNK {
+            break;
+        }
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name);
+        taken += 1;
+    }
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rfs::openat2(
+        from,
+        OsStr::from_bytes(&path),
+        FLAGS,
+        Mode::empty(),
+        resolve,
+    ) {
+        Ok(fd) => Ok((fd, taken)),
+        Err(rustix::io::Errno::NOSYS) => {
+            NO_OPENAT2.store(true, std::sync::atomic::Ordering::Relaxed);
+            one_at_a_time()
+        }
+        Err(_) => Err(FsError::Stale),
+    }
+}
+
+/// The longest path [`descend`] hands the kernel at once, under `PATH_MAX`.
+const PATH_CHUNK: usize = 4000;

@@ -223,3 +223,49 @@ fn a_removed_directory_the_kernel_knows_keeps_its_inode() {
     f.fs.forget(gone, 1);
     assert!(f.fs.getattr(gone).is_err());
 }
+
+/// Reopening a deep directory whose descriptor is not kept keeps only that one: the
+/// climb does not push out the descriptors of the directories in use (an attacker's
+/// 100,000-deep workspace once made every request re-open its whole chain). A
+/// directory whose descriptor is kept is still used by it after a rename behind the
+/// daemon's back; one opened again by name would be stale.
+#[test]
+fn reopening_a_deep_directory_keeps_the_other_descriptors() {
+    let (f, _) = fixture(&[]);
+    let (deep_ws, deep_dir) = workspace(&f.fs, b"deep");
+    let (ws, dir) = workspace(&f.fs, b"ws");
+    let chain: std::path::PathBuf = std::iter::repeat_n("d", 12).collect();
+    std::fs::create_dir_all(f.staging_dir.join(&deep_dir).join(&chain)).unwrap();
+    let mut deep = deep_ws;
+    for _ in 0..12 {
+        deep = f.fs.lookup(deep, b"d").unwrap().attr.ino;
+    }
+    let shallow: Vec<u64> = ["s1", "s2"]
+        .iter()
+        .map(|name| {
+            std::fs::create_dir(f.staging_dir.join(&dir).join(name)).unwrap();
+            f.fs.lookup(ws, name.as_bytes()).unwrap().attr.ino
+        })
+        .collect();
+    // DIR_FDS is 3 in tests: the workspace, s1 and s2 are kept, the chain is not.
+    for &ino in &shallow {
+        let _ = f.fs.lookup(ino, b"nothing");
+    }
+    assert_eq!(
+        f.fs.lookup(deep, b"nothing").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    for (name, ino) in [("s1", shallow[0]), ("s2", shallow[1])] {
+        let moved = format!("{name}-moved");
+        std::fs::rename(
+            f.staging_dir.join(&dir).join(name),
+            f.staging_dir.join(&dir).join(&moved),
+        )
+        .unwrap();
+        assert_eq!(
+            f.fs.lookup(ino, b"nothing").unwrap_err().errno(),
+            libc::ENOENT,
+            "{name} was opened again by name"
+        );
+    }
+}
