@@ -547,6 +547,23 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// The clap command, with two changes to what clap shows: `--help` does not print the
+/// values of environment variables (`AWS_ENDPOINT_URL` may hold a password), and a
+/// usage error shows each command's usage as `--help` does, not with every flag an
+/// environment variable set (as if `--endpoint-url` were required).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+        .mut_args(|arg| arg.hide_env_values(true))
+        .mut_subcommands(|sub| {
+            let name = sub.get_name().to_owned();
+            let mut shown = sub.clone().bin_name(format!("ckptfs {name}"));
+            let usage = shown.render_usage().to_string();
+            let usage = usage.trim_start_matches("Usage: ").to_owned();
+            sub.mut_args(|arg| arg.hide_env_values(true))
+                .override_usage(usage)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::FromArgMatches;
 
 use ckptfs::cli::{Cli, Command, LogFormat};
 
@@ -47,7 +47,7 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 /// (`mount -t fuse.ckptfs`, `/etc/fstab`).
 fn parse_arguments() -> Result<Cli, String> {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let command = Cli::command();
+    let command = ckptfs::cli::command();
     let mut names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
     names.push("help");
     // What `-o` may say: the flags of `ckptfs mount` and the global ones, as `cache_dir`.
@@ -65,11 +65,13 @@ fn parse_arguments() -> Result<Cli, String> {
         })
         .collect();
     let flags: Vec<_> = spelled.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-    match ckptfs::mount_helper::translate(&args, &names, &flags) {
-        None => Ok(Cli::parse_from(args)),
-        Some(Ok(mount)) => Cli::try_parse_from(mount).map_err(|e| e.to_string()),
-        Some(Err(message)) => Err(message),
-    }
+    let args = match ckptfs::mount_helper::translate(&args, &names, &flags) {
+        None => args,
+        Some(Ok(mount)) => mount,
+        Some(Err(message)) => return Err(message),
+    };
+    let matches = ckptfs::cli::command().get_matches_from(args);
+    Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }
 
 /// Logs go to stderr: info for the mount daemon and warnings for the other commands,

@@ -4,13 +4,12 @@
 use std::io::{self, Write};
 
 use anyhow::{Context, Result};
-use clap::CommandFactory;
 use clap_complete::Generator;
 
-use crate::cli::{Cli, CompletionsArgs, ManArgs};
+use crate::cli::{CompletionsArgs, ManArgs};
 
 pub fn completions(args: &CompletionsArgs) -> Result<i32> {
-    let mut command = Cli::command();
+    let mut command = crate::cli::command();
     command.set_bin_name("ckptfs");
     command.build();
     let mut out = io::stdout().lock();
@@ -26,12 +25,12 @@ pub fn completions(args: &CompletionsArgs) -> Result<i32> {
 pub fn man(args: &ManArgs) -> Result<i32> {
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        clap_mangen::generate_to(Cli::command(), dir)
+        clap_mangen::generate_to(crate::cli::command(), dir)
             .with_context(|| format!("cannot write the manual pages into {}", dir.display()))?;
         return Ok(0);
     }
     let mut out = io::stdout().lock();
-    clap_mangen::Man::new(Cli::command())
+    clap_mangen::Man::new(crate::cli::command())
         .render(&mut out)
         .context("cannot write the manual page")?;
     out.flush()?;
