@@ -669,3 +669,25 @@ fn arguments_that_would_be_misread_are_refused() {
         "{out}"
     );
 }
+
+/// Issue 27, item 14: `--help` prints no environment values (a password may be in
+/// `AWS_ENDPOINT_URL`), and a usage error does not show a flag its variable set.
+#[test]
+fn help_shows_no_environment_values() {
+    let endpoint = "http://user:hunter2-secret@127.0.0.1:9";
+    let out = run(ckptfs()
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .args(["put", "--help"]))
+    .success();
+    assert!(
+        out.stdout.contains("[env: AWS_ENDPOINT_URL]") && !out.stdout.contains("hunter2"),
+        "{out}"
+    );
+    let out = run(ckptfs().env("AWS_ENDPOINT_URL", endpoint).arg("put")).failure();
+    assert!(
+        out.stderr.contains("Usage: ckptfs put [OPTIONS] <STORE> <DIR>")
+            && !out.stderr.contains("--endpoint-url")
+            && !out.stderr.contains("hunter2"),
+        "{out}"
+    );
+}
