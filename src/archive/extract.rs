@@ -159,12 +159,21 @@ fn prepare_destination(dest: &Path) -> Result<bool, ArchiveError> {
             path: dest.to_owned(),
             reason: "exists and is not a directory".into(),
         }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(dest)
-            .map(|()| true)
-            .map_err(ArchiveError::io(format!(
+        // Only DEST itself is made, as mkdir(1) would: a mistyped parent is an error,
+        // not a new tree somewhere on the host.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match fs::create_dir(dest) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ArchiveError::Destination {
+                path: dest.to_owned(),
+                reason: "cannot be made: its parent directory does not exist (create it \
+                         first)"
+                    .into(),
+            }),
+            Err(e) => Err(ArchiveError::io(format!(
                 "create destination {}",
                 dest.display()
-            ))),
+            ))(e)),
+        },
         Err(e) => Err(ArchiveError::io(format!("destination {}", dest.display()))(
             e,
         )),

@@ -68,6 +68,8 @@ pub enum ArchiveError {
     Corrupt(io::Error),
     #[error("{}: {reason}", path.display())]
     Source { path: PathBuf, reason: String },
+    #[error("the path {} is longer than {MAX_PATH} bytes (Linux's PATH_MAX)", path.display())]
+    PathTooLong { path: PathBuf },
     #[error("refusing entry {entry:?}: {reason}")]
     Hostile { entry: String, reason: &'static str },
     #[error("destination {}: {reason}", path.display())]

@@ -244,9 +244,8 @@ impl Walk {
             }
             path.extend_from_slice(&name);
             if path.len() > MAX_PATH {
-                return Err(ArchiveError::Source {
-                    path: PathBuf::from(OsStr::from_bytes(&path[..64])),
-                    reason: format!("a path in the tree is longer than {MAX_PATH} bytes"),
+                return Err(ArchiveError::PathTooLong {
+                    path: PathBuf::from(OsStr::from_bytes(&path)),
                 });
             }
             if self.append_entry(builder, &mut walk, &name, &path)? {

@@ -9,6 +9,9 @@ use crate::fs::status;
 
 pub fn run(args: &StatusArgs) -> Result<i32> {
     let path = args.mountpoint.join(".status");
+    if !args.mountpoint.exists() {
+        bail!("{} does not exist", args.mountpoint.display());
+    }
     if !path.is_file() {
         bail!(
             "{} is not a ckptfs mount (it has no .status)",

@@ -3,8 +3,10 @@
 //!
 //! Every failure answered `EIO` is logged at warn level with its reason once: the
 //! same reason again within [`REPEAT_AFTER`] goes to the debug log only, so that an
-//! `ls -R` of a damaged checkpoint gives one line, not one per entry. The number of
-//! `EIO` answers is counted for `.status`. Both are per process.
+//! `ls -R` of a damaged checkpoint gives one line, not one per entry. Refusals in
+//! `commit/` (anything but a seal) are logged the same way, so that a user who wonders
+//! why `touch commit/x` failed finds it. `EIO` answers and refusals in `commit/` are
+//! counted for `.status`. All of this is per process.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,11 +19,23 @@ pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
 const REMEMBERED: usize = 1024;
 
 static IO_ERRORS: AtomicU64 = AtomicU64::new(0);
+static COMMIT_REFUSALS: AtomicU64 = AtomicU64::new(0);
 static LOGGED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
 
-/// Requests answered `EIO` since the process started.
-pub fn io_errors() -> u64 {
-    IO_ERRORS.load(Ordering::Relaxed)
+/// Failed requests counted since the process started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    /// Answered `EIO`.
+    pub io_errors: u64,
+    /// Refused in `commit/`: anything but `mv staging/NAME commit/`.
+    pub commit_refusals: u64,
+}
+
+pub fn counts() -> Counts {
+    Counts {
+        io_errors: IO_ERRORS.load(Ordering::Relaxed),
+        commit_refusals: COMMIT_REFUSALS.load(Ordering::Relaxed),
+    }
 }
 
 /// Whether `reason` should be logged at warn level now (not within [`REPEAT_AFTER`]
@@ -78,8 +92,14 @@ pub enum FsError {
     TooLarge(String),
     #[error("{0}")]
     Store(String),
+    /// A path in a workspace is too long to be stored.
+    #[error("{0}")]
+    NameTooLong(String),
     #[error("{0}")]
     NotPermitted(&'static str),
+    /// Something other than a seal asked of `commit/`.
+    #[error("{0}")]
+    CommitOnly(&'static str),
     #[error("invalid argument")]
     InvalidArgument,
     #[error("not supported: {0}")]
@@ -103,7 +123,8 @@ impl FsError {
             FsError::Busy => libc::EBUSY,
             FsError::Exists => libc::EEXIST,
             FsError::TooLarge(_) => libc::EFBIG,
-            FsError::NotPermitted(_) => libc::EPERM,
+            FsError::NameTooLong(_) => libc::ENAMETOOLONG,
+            FsError::NotPermitted(_) | FsError::CommitOnly(_) => libc::EPERM,
             FsError::InvalidArgument => libc::EINVAL,
             FsError::NotSupported(_) => libc::ENOTSUP,
             FsError::NoAttribute => libc::ENODATA,
@@ -121,6 +142,19 @@ impl FsError {
                 tracing::warn!(operation, ino, error = %reason, "answered EIO");
             } else {
                 tracing::debug!(operation, ino, error = %reason, "answered EIO (logged before)");
+            }
+        } else if let FsError::CommitOnly(reason) = self {
+            COMMIT_REFUSALS.fetch_add(1, Ordering::Relaxed);
+            if first_time(&format!("{operation}: {reason}")) {
+                // Info, not warn: the daemon did what it should.
+                tracing::info!(operation, ino, error = reason, "refused in commit/");
+            } else {
+                tracing::debug!(
+                    operation,
+                    ino,
+                    error = reason,
+                    "refused in commit/ (logged before)"
+                );
             }
         } else if self.is_notable() {
             let error = crate::printable::Message(self);

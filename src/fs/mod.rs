@@ -612,7 +612,7 @@ impl CheckpointFs {
         }
         if new_parent == inode::COMMIT {
             if parent != inode::STAGING {
-                return done(Err(FsError::NotPermitted(
+                return done(Err(FsError::CommitOnly(
                     "only top-level entries of staging/ can be moved into commit/",
                 )));
             }

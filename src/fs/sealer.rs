@@ -177,6 +177,9 @@ fn seal_error(e: CheckpointError) -> FsError {
         CheckpointError::Archive(ArchiveError::UnpackedTooLarge(limit)) => FsError::TooLarge(
             format!("the workspace unpacks to more than the limit of {limit} bytes"),
         ),
+        CheckpointError::Archive(e @ ArchiveError::PathTooLong { .. }) => {
+            FsError::NameTooLong(e.to_string())
+        }
         other => FsError::Store(other.to_string()),
     }
 }

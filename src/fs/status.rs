@@ -18,7 +18,7 @@ pub fn render(
     cache: CacheStats,
     seals: &SealsReport,
     loads_waiting: usize,
-    io_errors: u64,
+    errors: super::error::Counts,
     latencies: &str,
 ) -> Vec<u8> {
     let mut text = format!("# ckptfs: {store}\n");
@@ -38,8 +38,14 @@ pub fn render(
     );
     text += &format!(
         "# downloaded: {} bytes; evicted: {}; seals: {} sealed, {} failed; I/O errors: {}\n",
-        cache.downloaded_bytes, cache.evictions, seals.succeeded, seals.failed, io_errors,
+        cache.downloaded_bytes, cache.evictions, seals.succeeded, seals.failed, errors.io_errors,
     );
+    if errors.commit_refusals > 0 {
+        text += &format!(
+            "# refused in commit/: {} (it only takes `mv staging/NAME commit/`)\n",
+            errors.commit_refusals
+        );
+    }
     text += &format!(
         "# gzip members of downloads: {} rebuilt from the cache, {} inflated\n",
         cache.reused_members, cache.inflated_members,
@@ -68,14 +74,14 @@ pub fn render(
 
 /// `.status` read back, for `ckptfs status --json`. Parsing lives beside rendering so
 /// that the two cannot drift apart; lines this version does not know are skipped.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
 pub struct Report {
     pub store: String,
     pub listed: Option<String>,
     pub listing_error: Option<String>,
     pub counters: Counters,
     pub seals_in_progress: Vec<String>,
-    pub seals: Vec<String>,
+    pub seals: Vec<Seal>,
     pub latencies: Vec<Latency>,
     pub checkpoints: Vec<CheckpointState>,
 }
@@ -97,14 +103,35 @@ pub struct Counters {
     pub seals_failed: u64,
     /// Requests answered EIO.
     pub io_errors: u64,
+    /// Requests refused in `commit/` (anything but a seal).
+    pub commit_refusals: u64,
 }
 
+/// One of the last seals: `.status`'s `# seal NAME: sealed as SHA (HOW)` or
+/// `# seal NAME: FAILED: ERROR`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Seal {
+    /// The name moved into `commit/`, as it was.
+    pub workspace: String,
+    /// `sealed` or `failed`.
+    pub outcome: String,
+    pub checkpoint: Option<String>,
+    /// For `sealed`: `stored`, `already present, verified`, or `stored over a
+    /// damaged copy (...)`.
+    pub how: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Request latencies of one operation, in microseconds: each percentile is the upper
+/// bound of a power-of-two bucket.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Latency {
     pub operation: String,
     pub requests: u64,
-    pub p50: String,
-    pub p99: String,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// The time all these requests took, in seconds.
+    pub total_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -135,6 +162,46 @@ fn numbers(text: &str) -> Vec<u64> {
     text.split(|c: char| !c.is_ascii_digit())
         .filter_map(|s| s.parse().ok())
         .collect()
+}
+
+/// A `Duration`'s `Debug` text (`512ns`, `32µs`, `1.024ms`, `2.097152s`) in
+/// microseconds.
+fn micros(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "ns" => 1e-3,
+        "µs" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        _ => return None,
+    };
+    Some(number * scale)
+}
+
+/// A seal line after `# seal `. The name is escaped and may hold anything printable,
+/// even `: sealed as `, so a success is split at the last such text; the error of a
+/// failure follows the first `: FAILED: `.
+fn seal(line: &str) -> Option<Seal> {
+    if let Some((name, rest)) = line.rsplit_once(": sealed as ") {
+        let (checkpoint, how) = rest.split_once(" (")?;
+        return Some(Seal {
+            workspace: unescaped(name),
+            outcome: "sealed".to_owned(),
+            checkpoint: Some(checkpoint.to_owned()),
+            how: Some(how.strip_suffix(')')?.to_owned()),
+            error: None,
+        });
+    }
+    let (name, error) = line.split_once(": FAILED: ")?;
+    Some(Seal {
+        workspace: unescaped(name),
+        outcome: "failed".to_owned(),
+        checkpoint: None,
+        how: None,
+        error: Some(unescaped(error)),
+    })
 }
 
 pub fn parse(text: &str) -> Report {
@@ -170,6 +237,8 @@ pub fn parse(text: &str) -> Report {
                     report.counters.members_rebuilt = reused;
                     report.counters.members_inflated = inflated;
                 }
+            } else if let Some(n) = rest.strip_prefix("refused in commit/: ") {
+                report.counters.commit_refusals = numbers(n).first().copied().unwrap_or(0);
             } else if let Some(n) = rest.strip_prefix("loads waiting for a loader: ") {
                 report.counters.loads_waiting = n.trim().parse().unwrap_or(0);
             } else if let Some(rest) = rest.strip_prefix("latency ") {
@@ -177,18 +246,24 @@ pub fn parse(text: &str) -> Report {
                     continue;
                 };
                 let parts: Vec<&str> = facts.split(", ").collect();
-                if let [requests, p50, p99, ..] = parts[..] {
+                if let [requests, p50, p99, ref more @ ..] = parts[..] {
                     report.latencies.push(Latency {
                         operation: operation.to_owned(),
                         requests: numbers(requests).first().copied().unwrap_or(0),
-                        p50: p50.trim_start_matches("p50 < ").to_owned(),
-                        p99: p99.trim_start_matches("p99 < ").to_owned(),
+                        p50_us: micros(p50.trim_start_matches("p50 < ")).unwrap_or(0.0),
+                        p99_us: micros(p99.trim_start_matches("p99 < ")).unwrap_or(0.0),
+                        total_s: more.first().and_then(|t| {
+                            t.strip_prefix("total ")?
+                                .trim_end_matches(" s")
+                                .parse()
+                                .ok()
+                        }),
                     });
                 }
             } else if let Some(name) = rest.strip_prefix("seal in progress: ") {
                 report.seals_in_progress.push(unescaped(name));
             } else if let Some(outcome) = rest.strip_prefix("seal ") {
-                report.seals.push(unescaped(outcome));
+                report.seals.extend(seal(outcome));
             }
             continue;
         }
@@ -239,8 +314,11 @@ mod tests {
             # checkpoints: 2; cache: 300 bytes in 1 checkpoints; downloads: 4; loaded from cache: 1\n\
             # downloaded: 5000 bytes; evicted: 2; seals: 3 sealed, 1 failed; I/O errors: 7\n\
             # loads waiting for a loader: 3\n\
-            # latency lookup: 10 requests, p50 < 32µs, p99 < 1.024ms\n\
+            # refused in commit/: 2 (it only takes `mv staging/NAME commit/`)\n\
+            # latency lookup: 10 requests, p50 < 32µs, p99 < 1.024ms, total 0.046 s\n\
+            # latency read: 1 request, p50 < 512ns, p99 < 2.097152s\n\
             # seal in progress: turn-9\n# seal turn-8: sealed as abc (stored)\n\
+            # seal a\\x0ab: FAILED: too many entries: 20000\n\
             aaaa  12  2026-12-01T00:00:00Z  verified 2026-12-01T00:00:05Z from the store\n\
             dddd  78  2026-12-01T00:00:03Z  verified 2026-12-01T00:00:03Z when sealed by this mount\n\
             cccc  56  2026-12-01T00:00:02Z  verified 2026-11-30T10:00:00Z from the store, served from the cache (re-checked 2026-12-01T00:00:09Z)\n\
@@ -249,8 +327,34 @@ mod tests {
         assert_eq!(report.store, "s3://b/p/");
         assert_eq!(report.counters.downloads, 4);
         assert_eq!(report.counters.loads_waiting, 3);
-        assert_eq!(report.latencies[0].p99, "1.024ms");
-        assert_eq!(report.seals, vec!["turn-8: sealed as abc (stored)"]);
+        assert_eq!(report.counters.commit_refusals, 2);
+        let [lookup, read] = &report.latencies[..] else {
+            panic!("{:?}", report.latencies)
+        };
+        assert_eq!(
+            (lookup.p50_us, lookup.p99_us, lookup.total_s),
+            (32.0, 1024.0, Some(0.046))
+        );
+        assert_eq!(
+            (read.p50_us, read.p99_us, read.total_s),
+            (0.512, 2_097_152.0, None)
+        );
+        let [sealed, failed] = &report.seals[..] else {
+            panic!("{:?}", report.seals)
+        };
+        assert_eq!(
+            (sealed.workspace.as_str(), sealed.outcome.as_str()),
+            ("turn-8", "sealed")
+        );
+        assert_eq!(
+            (sealed.checkpoint.as_deref(), sealed.how.as_deref()),
+            (Some("abc"), Some("stored"))
+        );
+        assert_eq!(
+            (failed.workspace.as_str(), failed.outcome.as_str()),
+            ("a\nb", "failed")
+        );
+        assert_eq!(failed.error.as_deref(), Some("too many entries: 20000"));
         assert_eq!(report.counters.downloaded_bytes, 5000);
         assert_eq!(report.counters.evictions, 2);
         assert_eq!(report.counters.seals_sealed, 3);

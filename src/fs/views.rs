@@ -117,7 +117,7 @@ impl Views {
             self.cache.stats(),
             &self.sealer.report(),
             self.loader.queued(),
-            super::error::io_errors(),
+            super::error::counts(),
             &self.latencies.render(),
         )
     }
@@ -349,7 +349,7 @@ impl Subtree for Views {
     fn refusal(&self, ino: u64) -> FsError {
         match Inode::decode(ino) {
             Some(Inode::Commit | Inode::CommitLink { .. }) => {
-                FsError::NotPermitted("commit/ only takes `mv staging/NAME commit/`")
+                FsError::CommitOnly("commit/ only takes `mv staging/NAME commit/`")
             }
             _ => FsError::ReadOnly,
         }

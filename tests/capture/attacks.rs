@@ -615,7 +615,13 @@ fn a_commit_name_cannot_forge_a_line_of_status() {
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
     assert_eq!(
         json["seals"],
-        serde_json::json!([format!("{name}: sealed as {sha} (stored)")]),
+        serde_json::json!([{
+            "workspace": name,
+            "outcome": "sealed",
+            "checkpoint": sha,
+            "how": "stored",
+            "error": null,
+        }]),
         "JSON carries the name itself: {out}"
     );
 }

@@ -166,13 +166,32 @@ fn commit_only_takes_top_level_workspaces_of_staging() {
         Path::new("outer")
     );
     assert_eq!(store.list_keys(), [TestStore::object_name(&sha)]);
+    // Each refusal counts in .status, and the log says why (issue 27, item 12), once
+    // per operation and reason, at info level: a refused rename is not a problem of
+    // the daemon.
     let status = mount.status_text();
     assert!(!status.contains("FAILED"), "{status}");
+    assert!(
+        status.contains("# refused in commit/: ")
+            && status.contains("(it only takes `mv staging/NAME commit/`)"),
+        "{status}"
+    );
     let log = mount.log_text();
     assert!(
         !log.contains("WARN") && !log.contains("ERROR"),
         "a refused rename is not a problem of the daemon:\n{log}"
     );
+    for why in [
+        "only top-level entries of staging/ can be moved into commit/",
+        "commit/ only takes `mv staging/NAME commit/`",
+        "only a directory of staging/ can be moved into commit/",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("refused in commit/") && l.contains(why)),
+            "{why:?} not in the log:\n{log}"
+        );
+    }
 }
 
 /// The kernel opens files by itself, so the daemon does not know which files are
@@ -283,4 +302,53 @@ fn writes_inside_a_sealed_checkpoint_fail_with_erofs() {
     }
     assert_same_tree(&tree, &ckpt);
     assert_eq!(mount.downloads(), 0, "{}", mount.status_text());
+}
+
+/// A path longer than Linux's `PATH_MAX` cannot be stored: the seal answers
+/// ENAMETOOLONG, not the EIO kept for the store, and names the whole path (issue 27,
+/// item 11). The workspace stays as it was.
+#[test]
+fn a_path_too_long_to_store_is_enametoolong_with_the_path() {
+    let store = TestStore::local();
+    let mount = Mount::new(&store).staging().start();
+    let component = "p".repeat(250);
+    fs::create_dir(mount.staged("long")).unwrap();
+    // Seventeen levels of 251 bytes: 4,266 bytes, more than PATH_MAX, made one level
+    // at a time by descriptor (the whole path is too long for one system call).
+    let name = c_path(Path::new(&component));
+    let mut dir = fs::File::open(mount.staged("long")).unwrap();
+    for _ in 0..17 {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: `dir` is an open directory and `name` a NUL-terminated string; the
+        // descriptor openat returns is owned by the new File.
+        unsafe {
+            libc_result(libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755)).unwrap();
+            let fd = libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            );
+            assert!(fd >= 0, "openat: {}", io::Error::last_os_error());
+            dir = fs::File::from_raw_fd(fd);
+        }
+    }
+    assert_errno(
+        "mv staging/long commit/",
+        fs::rename(mount.staged("long"), mount.committed("long")),
+        libc::ENAMETOOLONG,
+    );
+    assert!(store.list_keys().is_empty());
+    let status = mount.status_text();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("# seal long: FAILED:"))
+        .unwrap_or_else(|| panic!("no failed seal:\n{status}"));
+    let whole = std::iter::repeat_n(component.as_str(), 17)
+        .collect::<Vec<_>>()
+        .join("/");
+    assert!(
+        line.contains(&format!("the path {whole}")) && line.contains("longer than 4096 bytes"),
+        "{line}"
+    );
+    assert!(mount.staged("long").join(&component).is_dir());
 }

@@ -685,9 +685,42 @@ fn help_shows_no_environment_values() {
     );
     let out = run(ckptfs().env("AWS_ENDPOINT_URL", endpoint).arg("put")).failure();
     assert!(
-        out.stderr.contains("Usage: ckptfs put [OPTIONS] <STORE> <DIR>")
+        out.stderr
+            .contains("Usage: ckptfs put [OPTIONS] <STORE> <DIR>")
             && !out.stderr.contains("--endpoint-url")
             && !out.stderr.contains("hunter2"),
         "{out}"
     );
+}
+
+/// Issue 27, item 15: `get` makes DEST, not its missing parents; `status` of a path
+/// that does not exist says so.
+#[test]
+fn get_makes_only_dest_and_status_says_what_is_missing() {
+    let store = TestStore::local();
+    let tree = temp_dir();
+    make_small_tree(tree.path(), "parents");
+    run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let work = temp_dir();
+    let dest = work.path().join("no-such-parent/x/y");
+    let out = run(ckptfs()
+        .arg("get")
+        .arg(store.url())
+        .arg("latest")
+        .arg(&dest))
+    .failure();
+    assert!(
+        assert_human(&out).contains("its parent directory does not exist"),
+        "{out}"
+    );
+    assert!(!work.path().join("no-such-parent").exists(), "made parents");
+    run(ckptfs()
+        .arg("get")
+        .arg(store.url())
+        .arg("latest")
+        .arg(work.path().join("made")))
+    .success();
+
+    let out = run(ckptfs().arg("status").arg(work.path().join("nothing"))).failure();
+    assert!(assert_human(&out).contains("does not exist"), "{out}");
 }

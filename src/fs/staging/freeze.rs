@@ -35,7 +35,7 @@ impl StagingTree {
         let dir =
             beneath::open_dir(&*self.root_fd, OsStr::from_bytes(name)).map_err(|e| {
                 match e.raw_os_error() {
-                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::NotPermitted(super::NOT_SEALABLE),
+                    Some(libc::ELOOP | libc::ENOTDIR) => FsError::CommitOnly(super::NOT_SEALABLE),
                     _ => FsError::Os(e),
                 }
             })?;

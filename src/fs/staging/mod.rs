@@ -808,7 +808,7 @@ impl StagingTree {
         )
         .map_err(os)?;
         if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::Directory {
-            return Err(FsError::NotPermitted(NOT_SEALABLE));
+            return Err(FsError::CommitOnly(NOT_SEALABLE));
         }
         Ok(())
     }
