@@ -1,7 +1,8 @@
 //! `ckptfs log STORE [--json] [--lineage CHECKPOINT]`: the checkpoints oldest first,
 //! each with what changed since its parent (when its metadata claims one the store
 //! has: `put --parent`) or else since the turn before. Every checkpoint is verified
-//! before anything is printed.
+//! before anything is printed; one that does not verify is shown as `FAILED` with
+//! why, the others are still shown, and the exit status is 1.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
@@ -11,16 +12,17 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::review_session::Session;
-use crate::cache::VerifiedCheckpoint;
+use crate::cache::{CacheError, VerifiedCheckpoint};
 use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, LogArgs};
+use crate::commands::say;
 use crate::review::diff::{DiffStats, empty_index};
 use crate::review::tree::{TreeSummary, summarize};
 
 struct Turn<'a> {
     info: &'a CheckpointInfo,
-    summary: TreeSummary,
-    changes: DiffStats,
+    /// What the turn holds and what changed, or why it could not be read.
+    contents: Result<(TreeSummary, DiffStats), String>,
     previous: Option<&'a CheckpointInfo>,
     /// The parent the metadata claims, whether or not the store has it.
     parent: Option<CheckpointId>,
@@ -61,21 +63,43 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
     };
     let mut turns = Vec::with_capacity(shown.len());
     let nothing = empty_index();
+    // The last turn that could be read: a damaged one is shown as such, and the
+    // next is compared with the one before it.
     let mut previous: Option<(&CheckpointInfo, Arc<VerifiedCheckpoint>)> = None;
     for info in shown {
-        let checkpoint = session.load(info)?;
         let parent = parents[&info.id].clone();
-        let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
-        let (base, changes) = match (listed_parent, &previous) {
-            (Some(p), Some((prev, prev_checkpoint))) if p.id == prev.id => (
-                Some(p),
-                DiffStats::between(&prev_checkpoint.index, &checkpoint.index),
-            ),
-            (Some(p), _) => {
-                let parent_checkpoint = session.load(p)?;
-                let changes = DiffStats::between(&parent_checkpoint.index, &checkpoint.index);
-                (Some(p), changes)
+        let checkpoint = match session.load(info) {
+            Ok(checkpoint) => checkpoint,
+            Err(e) => {
+                turns.push(Turn {
+                    info,
+                    contents: Err(unreadable(&e)?),
+                    previous: previous.as_ref().map(|(i, _)| *i),
+                    parent,
+                    base: None,
+                });
+                continue;
             }
+        };
+        let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
+        let loaded_parent = match (listed_parent, &previous) {
+            (Some(p), Some((prev, prev_checkpoint))) if p.id == prev.id => {
+                Some((p, Arc::clone(prev_checkpoint)))
+            }
+            (Some(p), _) => match session.load(p) {
+                Ok(parent_checkpoint) => Some((p, parent_checkpoint)),
+                Err(e) => {
+                    unreadable(&e)?;
+                    None
+                }
+            },
+            (None, _) => None,
+        };
+        let (base, changes) = match (loaded_parent, &previous) {
+            (Some((p, parent_checkpoint)), _) => (
+                Some(p),
+                DiffStats::between(&parent_checkpoint.index, &checkpoint.index),
+            ),
             (None, Some((prev, prev_checkpoint))) => (
                 Some(*prev),
                 DiffStats::between(&prev_checkpoint.index, &checkpoint.index),
@@ -84,8 +108,7 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         };
         turns.push(Turn {
             info,
-            summary: summarize(&checkpoint.index),
-            changes,
+            contents: Ok((summarize(&checkpoint.index), changes)),
             previous: previous.as_ref().map(|(i, _)| *i),
             parent,
             base,
@@ -100,27 +123,63 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         writeln!(out)?;
     } else {
         for turn in &turns {
+            let time = humantime::format_rfc3339_seconds(turn.info.last_modified);
+            let (id, size) = (turn.info.id.short(), turn.info.size);
+            let (summary, changes) = match &turn.contents {
+                Ok(contents) => contents,
+                Err(reason) => {
+                    writeln!(out, "{time}  {id}  {size} bytes  FAILED: {reason}")?;
+                    continue;
+                }
+            };
             let DiffStats {
                 added,
                 removed,
                 modified,
                 bytes_added,
                 bytes_removed,
-            } = turn.changes;
+            } = *changes;
             writeln!(
                 out,
-                "{}  {}  {} bytes  {} files  +{added} ~{modified} -{removed}  \
+                "{time}  {id}  {size} bytes  {} files  +{added} ~{modified} -{removed}  \
                  +{bytes_added} -{bytes_removed} bytes{}",
-                humantime::format_rfc3339_seconds(turn.info.last_modified),
-                turn.info.id.short(),
-                turn.info.size,
-                turn.summary.files,
+                summary.files,
                 parent_note(turn),
             )?;
         }
     }
     out.flush()?;
+    let failed = turns.iter().filter(|t| t.contents.is_err()).count();
+    if failed > 0 {
+        say::note!(
+            "{failed} of {} checkpoints could not be verified and are shown as FAILED; \
+             the turns after one are compared with the last good turn. `ckptfs verify {}` \
+             checks them all, `verify --history` finds earlier versions in a versioned \
+             bucket; a damaged checkpoint cannot be restored from this copy",
+            turns.len(),
+            args.store
+        );
+        return Ok(1);
+    }
     Ok(0)
+}
+
+/// Why a checkpoint could not be read, when that is the checkpoint's fault (it does
+/// not verify, or its archive is refused) and not a failure to reach the store or the
+/// cache, which ends the command.
+fn unreadable(err: &anyhow::Error) -> Result<String> {
+    let own = err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<CacheError>(),
+            Some(CacheError::Verify(_) | CacheError::Archive(_))
+        )
+    });
+    if own {
+        let text = format!("{:#}", err.root_cause());
+        Ok(crate::printable::message(&text).into_owned())
+    } else {
+        Err(anyhow::anyhow!("{err:#}"))
+    }
 }
 
 /// The chain of parents `tip` claims, oldest first, as far as the store has them
@@ -166,34 +225,39 @@ struct JsonTurn<'a> {
     sha256: &'a str,
     size: u64,
     last_modified: String,
-    entries: u64,
-    files: u64,
-    unpacked_bytes: u64,
+    /// Why the checkpoint could not be read; the counts below are then absent.
+    failed: Option<&'a str>,
+    entries: Option<u64>,
+    files: Option<u64>,
+    unpacked_bytes: Option<u64>,
     previous: Option<&'a str>,
     parent: Option<&'a str>,
     compared_with: Option<&'a str>,
-    added: u64,
-    modified: u64,
-    removed: u64,
-    bytes_added: u64,
-    bytes_removed: u64,
+    added: Option<u64>,
+    modified: Option<u64>,
+    removed: Option<u64>,
+    bytes_added: Option<u64>,
+    bytes_removed: Option<u64>,
 }
 
 fn json<'a>(turn: &'a Turn<'a>) -> JsonTurn<'a> {
+    let contents = turn.contents.as_ref().ok();
+    let (summary, changes) = (contents.map(|c| &c.0), contents.map(|c| &c.1));
     JsonTurn {
         sha256: turn.info.id.as_str(),
         size: turn.info.size,
         last_modified: humantime::format_rfc3339_seconds(turn.info.last_modified).to_string(),
-        entries: turn.summary.entries,
-        files: turn.summary.files,
-        unpacked_bytes: turn.summary.unpacked_bytes,
+        failed: turn.contents.as_ref().err().map(String::as_str),
+        entries: summary.map(|s| s.entries),
+        files: summary.map(|s| s.files),
+        unpacked_bytes: summary.map(|s| s.unpacked_bytes),
         previous: turn.previous.map(|p| p.id.as_str()),
         parent: turn.parent.as_ref().map(CheckpointId::as_str),
         compared_with: turn.base.map(|b| b.id.as_str()),
-        added: turn.changes.added,
-        modified: turn.changes.modified,
-        removed: turn.changes.removed,
-        bytes_added: turn.changes.bytes_added,
-        bytes_removed: turn.changes.bytes_removed,
+        added: changes.map(|c| c.added),
+        modified: changes.map(|c| c.modified),
+        removed: changes.map(|c| c.removed),
+        bytes_added: changes.map(|c| c.bytes_added),
+        bytes_removed: changes.map(|c| c.bytes_removed),
     }
 }

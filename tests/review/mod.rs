@@ -635,8 +635,30 @@ fn a_corrupt_checkpoint_is_a_one_line_error(store: &TestStore) {
     let temp = temp_dir();
     let temp_arg = temp.path().to_str().unwrap();
     let mismatch = "Checkpoint checksum mismatch";
-    assert_one_line_error(store.cmd("log", ["--temp-dir", temp_arg]), mismatch);
-    assert_one_line_error(store.cmd("log", ["--json"]), mismatch);
+    // log shows the good turns around the damaged one, says what to do, exits 1
+    // (issue 27, item 6); the third turn is compared with the first.
+    let out = store.cmd("log", ["--temp-dir", temp_arg]);
+    assert_eq!(out.status.code(), Some(1), "{out}");
+    let shown: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(shown.len(), 3, "{out}");
+    assert!(
+        shown[1].contains(&second[..12]) && shown[1].contains(&format!("FAILED: {mismatch}")),
+        "{out}"
+    );
+    assert!(
+        !shown[0].contains("FAILED") && !shown[2].contains("FAILED"),
+        "{out}"
+    );
+    assert!(out.stderr.contains("ckptfs verify"), "{out}");
+    let out = store.cmd("log", ["--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out}");
+    let rows: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert!(
+        rows[1]["failed"].as_str().unwrap().contains(mismatch),
+        "{out}"
+    );
+    assert_eq!(rows[1]["files"], serde_json::Value::Null);
+    assert_eq!(rows[2]["compared_with"].as_str(), Some(first), "{out}");
     for format in [None, Some("--stat"), Some("--json"), Some("--patch")] {
         let mut args = vec![first, second];
         args.extend(format);
