@@ -200,7 +200,8 @@ cat >"$rootfs/lib.sh" <<'EOF'
 fails=0
 pass() { echo "PASS  [$SCEN] $*"; }
 fail() { echo "FAIL  [$SCEN] $*"; fails=$((fails + 1)); }
-check() { label=$1; shift; if out=$("$@" 2>&1); then pass "$label"; else fail "$label: $(echo $out)"; fi; }
+check() { label=$1; shift; if out=$("$@" 2>&1); then pass "$label"; else fail "$label: $(echo $out)"; return 1; fi; }
+must() { check "$@" || exit 1; } # what the rest depends on
 # refused LABEL CMD...: CMD must fail with EROFS, EACCES or EPERM (ENOENT too where told)
 refused() {
     label=$1; shift
@@ -222,9 +223,9 @@ echo 'fn main() {}' >$ws/src/lib.rs
 ln -s hello.py $ws/link.py
 head -c 100000 /dev/urandom >$ws/data.bin # a file of its own in the cache (>= 16 KiB)
 check "$(ckptfs --version 2>&1 | head -1) runs in the container as $(id -u):$(id -g)" true
-check "put the workspace into /store" sh -c "ckptfs put /store $ws >/tmp/put.out"
+must "put the workspace into /store" sh -c "ckptfs put /store $ws >/tmp/put.out"
 sha1=$(cut -d' ' -f1 /tmp/put.out)
-check "mount /store on $mnt" sh -c "ckptfs mount /store $mnt --cache-dir $cache >/tmp/mount.out 2>&1 || { cat /tmp/mount.out; exit 1; }"
+must "mount /store on $mnt" sh -c "ckptfs mount /store $mnt --cache-dir $cache >/tmp/mount.out 2>&1 || { cat /tmp/mount.out; exit 1; }"
 pid=$(sed -n 's/.*daemon pid \([0-9][0-9]*\).*/\1/p' /tmp/mount.out)
 check "$mnt is a fuse.ckptfs mount" grep -q " $mnt fuse.ckptfs " /proc/mounts
 check "ls: the checkpoint $sha1 and latest -> it" sh -c "ls $mnt | grep -qx '$sha1' && [ \"\$(readlink $mnt/latest)\" = '$sha1' ]"
@@ -234,9 +235,9 @@ check "diff -r workspace latest/" diff -r $ws $mnt/latest/
 echo 'print("turn 2")' >$ws/hello.py
 echo 'new' >$ws/src/new.txt
 check "stage turn-2: mkdir staging/turn-2, cp -a" sh -c "mkdir $mnt/staging/turn-2 && cp -a $ws/. $mnt/staging/turn-2/"
-check "seal: mv staging/turn-2 commit/" mv $mnt/staging/turn-2 $mnt/commit/
+must "seal: mv staging/turn-2 commit/" mv $mnt/staging/turn-2 $mnt/commit/
 sha2=$(readlink $mnt/commit/turn-2 | sed 's#^\.\./##')
-check "commit/turn-2 -> ../<a new checkpoint> ($sha2)" sh -c "[ -n '$sha2' ] && [ '$sha2' != '$sha1' ] && [ -d $mnt/$sha2 ]"
+must "commit/turn-2 -> ../<a new checkpoint> ($sha2)" sh -c "[ -n '$sha2' ] && [ '$sha2' != '$sha1' ] && [ -d $mnt/$sha2 ]"
 check "the new checkpoint holds the staged files (diff -r)" diff -r $ws $mnt/$sha2/
 check "staging/turn-2 is gone after the seal" test ! -e $mnt/staging/turn-2
 i=0; while [ "$(readlink $mnt/latest)" != "$sha2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -257,7 +258,7 @@ EOF
 cat >"$rootfs/scenario-b.sh" <<'EOF'
 . /lib.sh
 check "running as uid $(id -u) in the container" true
-check "/ckpt is the ckptfs mount (not the empty directory under it)" sh -c "grep ' /ckpt fuse.ckptfs ' /proc/mounts"
+must "/ckpt is the ckptfs mount (not the empty directory under it)" sh -c "grep ' /ckpt fuse.ckptfs ' /proc/mounts"
 # SHA1, SHA2: the store's two turns (the host may have sealed more)
 check "ls /ckpt: latest, by-time/, both turns" sh -c "[ -L /ckpt/latest ] && ls /ckpt | grep -qx '$SHA1' && ls /ckpt | grep -qx '$SHA2' && [ \$(ls /ckpt/by-time | wc -l) -eq $NTURNS ]"
 check "cat /ckpt/<turn 2>/hello.py" sh -c "[ \"\$(cat /ckpt/$SHA2/hello.py)\" = 'print(\"turn 2\")' ]"
@@ -382,9 +383,17 @@ fi
 if [[ -z $rl_why ]]; then
     rl_home=$(getent passwd "$rl_user" | cut -d: -f6)
     mkdir -p "$rl_xdg" && chown "$rl_user:" "$rl_xdg" && chmod 0700 "$rl_xdg"
-    if ! grep -q "^$rl_user:" /etc/subuid || ! grep -q "^$rl_user:" /etc/subgid; then
+    # The rootless containers get a rootfs whose "/" is the user's (their root), as an
+    # image in the user's storage would have: ckptfs refuses a cache directory under a
+    # directory of another owner ("/tmp: is in /, which belongs to uid 65534"), and the
+    # host's root, who owns $rootfs, is nobody (65534) in the user's namespace. The
+    # files are hard links to $rootfs's.
+    rootfs_rl=$work/rootfs-rl
+    if ! cp -al "$rootfs" "$rootfs_rl" || ! chown "$rl_user:" "$rootfs_rl"; then
+        rl_why="cannot make $rootfs_rl"
+    elif ! grep -q "^$rl_user:" /etc/subuid || ! grep -q "^$rl_user:" /etc/subgid; then
         rl_why="$rl_user has no /etc/subuid or /etc/subgid range (rootless podman needs one)"
-    elif ! out=$(rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs" /bin/true 2>&1); then
+    elif ! out=$(rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true 2>&1); then
         rl_why="rootless podman does not run here: $(grep -v 'shared mount' <<<"$out" | tr '\n' ' ')"
     fi
     stop_pause
@@ -418,7 +427,7 @@ else
         storeArl=$work/store-a-rootless
         mkdir -p "$storeArl" && chown "$rl_user:" "$storeArl"
         run_ct A-rootless rl --device /dev/fuse --cap-add SYS_ADMIN -v "$storeArl:/store" \
-            --env SCEN=A-rootless --rootfs "$rootfs" /bin/sh /scenario-a.sh
+            --env SCEN=A-rootless --rootfs "$rootfs_rl" /bin/sh /scenario-a.sh
         stop_pause
         check "[A-rootless] host: the store holds 2 objects, the user's" \
             bash -c "[ $(objects "$storeArl") -eq 2 ] && [ -z \"\$(find '$storeArl' ! -user '$rl_user')\" ]"
@@ -457,8 +466,10 @@ b_writable() {
         bash -c "mkdir '$d/mnt/staging/pre' && echo 'staged by the host' >'$d/mnt/staging/pre/note.txt'"
     before_store=$(fingerprint "$storeB") before_staging=$(fingerprint "$d/staging") before_n=$(objects "$storeB")
     [[ $who == rl ]] && stop_pause # a new pause process, made after the mount, sees it
+    local rfs=$rootfs
+    [[ $who == rl ]] && rfs=$rootfs_rl
     run_ct "$label" "$who" -v "$d/mnt:/ckpt:ro" -v "$wsB:/ws:ro" --env SCEN="$label" --env MODE=staging $(b_env) \
-        --rootfs "$rootfs" /bin/sh /scenario-b.sh
+        --rootfs "$rfs" /bin/sh /scenario-b.sh
     [[ $who == rl ]] && stop_pause # its copy of the mount would keep the daemon alive
     check "[$label] host: no new object in the store ($before_n before and after)" test "$(objects "$storeB")" -eq "$before_n"
     check "[$label] host: the store's files are byte for byte the same" test "$(fingerprint "$storeB")" = "$before_store"
@@ -499,7 +510,7 @@ else
         pid=$mpid
         stop_pause
         out=$(rl podman --runtime "$runtime" run --rm --name "$tag-noallow" "${base_args[@]}" \
-            -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs" /bin/ls /ckpt 2>&1)
+            -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs_rl" /bin/ls /ckpt 2>&1)
         rc=$?
         stop_pause
         if ((rc != 0)) && grep -qi 'permission denied' <<<"$out"; then
@@ -517,11 +528,11 @@ else
     d=$work/B3-stale
     mkdir -p "$d"
     stop_pause
-    rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs" /bin/true >/dev/null 2>&1
+    rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true >/dev/null 2>&1
     if host_mount "$storeB" "$d/mnt" "$d/cache" --read-only --allow-other; then
         pid=$mpid
         seen=$(rl podman --runtime "$runtime" run --rm --name "$tag-stale" "${base_args[@]}" \
-            -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs" /bin/sh -c 'grep -c " /ckpt fuse.ckptfs " /proc/mounts; ls -A /ckpt | wc -l' 2>/dev/null | tr '\n' ' ')
+            -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs_rl" /bin/sh -c 'grep -c " /ckpt fuse.ckptfs " /proc/mounts; ls -A /ckpt | wc -l' 2>/dev/null | tr '\n' ' ')
         stop_pause
         note "[B3] with a pause process older than the mount, the container's /ckpt shows (fuse mounts, entries): $seen(0 0: the empty directory under the mount point)"
         host_umount B3 "$d/mnt" "$pid"

@@ -88,7 +88,7 @@ fn resolve_name(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId> {
 
 /// A progress bar of bytes on stderr, or a hidden one when stderr is not a terminal.
 fn bar(len: u64, message: &'static str) -> ProgressBar {
-    if !io::stderr().is_terminal() {
+    if !io::stderr().is_terminal() || say::is_quiet() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len).with_message(message);
@@ -100,6 +100,29 @@ fn bar(len: u64, message: &'static str) -> ProgressBar {
         .progress_chars("=> "),
     );
     bar
+}
+
+/// A spinner on stderr saying what is being done (`verifying 3f2a… (12 MB)`) while a
+/// step of unknown length runs, or a hidden one when stderr is not a terminal or `-q`
+/// was given. Dropping it clears it.
+fn spinner(message: String) -> Spinner {
+    if !io::stderr().is_terminal() || say::is_quiet() {
+        return Spinner(ProgressBar::hidden());
+    }
+    let bar = ProgressBar::new_spinner().with_message(message);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid spinner template"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    Spinner(bar)
+}
+
+struct Spinner(ProgressBar);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
 }
 
 /// `--temp-dir`, or the system's temporary directory.

@@ -46,6 +46,11 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     let members = cache_dir(args.cache_dir.as_deref())
         .ok()
         .and_then(|dir| member_cache(&dir, args.member_cache_size));
+    // Archiving first (a spinner), then the upload (a bar of bytes).
+    let archiving = std::sync::Mutex::new(Some(super::spinner(format!(
+        "archiving {}",
+        args.dir.display()
+    ))));
     let upload = bar(0, "uploading");
     let report = checkpoint::put(
         store.as_ref(),
@@ -59,11 +64,13 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             parent,
         },
         &|done, total| {
+            archiving.lock().expect("spinner lock").take();
             upload.set_length(total);
             upload.set_position(done)
         },
     )
     .with_context(|| format!("cannot capture {}", args.dir.display()))?;
+    drop(archiving);
     upload.finish_and_clear();
     if let Some(members) = &members {
         let (reused, compressed, reused_bytes) = members.stats.counts();

@@ -79,6 +79,11 @@ impl Session {
     /// that fails (hidden by a delete, or its name overwritten) is read from the
     /// newest version of a versioned bucket that verifies, and stderr says so.
     pub fn load(&self, info: &CheckpointInfo) -> Result<Arc<VerifiedCheckpoint>> {
+        let _shown = super::spinner(format!(
+            "verifying checkpoint {} ({} bytes)",
+            info.id.short(),
+            info.size
+        ));
         let failure = match self.loader().load(info) {
             Err(CacheError::Verify(failure)) if history::worth_looking(&failure) => failure,
             other => return other.with_context(|| format!("checkpoint {}", info.id)),

@@ -20,6 +20,11 @@ pub fn init(quiet: bool, json: bool) {
     let _ = SETTINGS.set(Settings { quiet, json });
 }
 
+/// Whether `-q` was given: nothing but errors on stderr, no progress either.
+pub fn is_quiet() -> bool {
+    settings().quiet
+}
+
 fn settings() -> Settings {
     SETTINGS.get().copied().unwrap_or_default()
 }

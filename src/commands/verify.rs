@@ -31,7 +31,10 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
     let mut failed = 0;
     let mut out = io::stdout().lock();
     for id in &ids {
-        match checkpoint::verify_object(store.as_ref(), id, None, cli.max_archive_size) {
+        let shown = super::spinner(format!("verifying checkpoint {}", id.short()));
+        let verified = checkpoint::verify_object(store.as_ref(), id, None, cli.max_archive_size);
+        drop(shown);
+        match verified {
             Ok(()) => writeln!(out, "{id} ok")?,
             Err(e) => {
                 failed += 1;

@@ -724,3 +724,33 @@ fn get_makes_only_dest_and_status_says_what_is_missing() {
     let out = run(ckptfs().arg("status").arg(work.path().join("nothing"))).failure();
     assert!(assert_human(&out).contains("does not exist"), "{out}");
 }
+
+/// Issue 27, item 5: `log`, `diff` and the other review commands say which checkpoint
+/// they are verifying while they download it, on a terminal only, and not with `-q`.
+#[test]
+fn review_commands_show_what_they_verify_on_a_terminal() {
+    let store = TestStore::local();
+    let tree = temp_dir();
+    make_small_tree(tree.path(), "progress");
+    run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let on_terminal = |flags: &str| {
+        let command = format!(
+            "{} {flags} log {}",
+            env!("CARGO_BIN_EXE_ckptfs"),
+            store.url()
+        );
+        run(Command::new("script").args(["-qec", &command, "/dev/null"]))
+            .success()
+            .stdout
+    };
+    assert!(
+        on_terminal("").contains("verifying checkpoint"),
+        "no progress shown"
+    );
+    assert!(
+        !on_terminal("-q").contains("verifying"),
+        "progress despite -q"
+    );
+    let out = run(ckptfs().arg("log").arg(store.url())).success();
+    assert_eq!(out.stderr, "", "{out}");
+}
