@@ -239,9 +239,22 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
             members: member_cache(&cache_dir, args.member_cache_size),
             loaders: args.loaders.unwrap_or_else(default_loaders),
             read_only: args.read_only,
-            passthrough: args.passthrough,
+            passthrough: passthrough(args.passthrough),
         },
     ))
+}
+
+/// `--passthrough` unless the kernel would refuse it: registering a backing file
+/// needs CAP_SYS_ADMIN, which a daemon that is not root lacks. Said once, here, and
+/// not per file.
+fn passthrough(asked: bool) -> bool {
+    if asked && !rustix::process::geteuid().is_root() {
+        tracing::warn!(
+            "--passthrough needs CAP_SYS_ADMIN (a root daemon); the daemon serves reads itself"
+        );
+        return false;
+    }
+    asked
 }
 
 /// Staging keeps a bounded number of descriptors (see `fs/staging`), but loads, seals

@@ -15,16 +15,10 @@ use super::cp_a;
 use crate::util::mount::{Mount, repo_temp_dir};
 use crate::util::sys::{FreshExt4, assert_errno, c_path};
 use crate::util::tree::make_small_tree;
+use crate::util::users::{as_nobody, shared_binary, shared_temp_dir};
 use crate::util::{TestStore, ckptfs, run, sha256_hex};
 
 const SECRET: &[u8] = b"AKIA-OUTSIDE-SECRET-0123456789";
-
-/// A command that runs what follows as user and group 65534 (nobody), no other groups.
-fn as_nobody() -> std::process::Command {
-    let mut cmd = std::process::Command::new("setpriv");
-    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]);
-    cmd
-}
 
 fn rename_exchange(dir: &Path, a: &str, b: &str) -> std::io::Result<()> {
     let (a, b) = (c_path(&dir.join(a)), c_path(&dir.join(b)));
@@ -461,7 +455,12 @@ fn a_writable_mapping_cannot_change_a_workspace_behind_its_seal() {
 #[test]
 fn staging_itself_cannot_be_opened_up_and_other_users_get_and_seal_their_own_workspaces() {
     let store = TestStore::local();
-    let mount = Mount::new(&store).staging().args(["--allow-other"]).start();
+    // Somewhere the other user can reach, whatever the checkout's parents allow.
+    let mount = Mount::new(&store)
+        .staging()
+        .reachable_by_all()
+        .args(["--allow-other"])
+        .start();
     let staging = mount.join("staging");
     assert_eq!(fs::metadata(&staging).unwrap().mode() & 0o7777, 0o1777);
     let err = fs::set_permissions(&staging, fs::Permissions::from_mode(0o777)).unwrap_err();
@@ -632,11 +631,11 @@ fn a_commit_name_cannot_forge_a_line_of_status() {
 #[test]
 fn a_daemon_without_root_does_not_let_other_users_into_staging() {
     let store = TestStore::local();
-    let work = repo_temp_dir("capture-nonroot-other-");
+    let work = shared_temp_dir("capture-nonroot-other-");
     let mnt = work.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let out = run(as_nobody()
-        .arg(env!("CARGO_BIN_EXE_ckptfs"))
+        .arg(shared_binary())
         .arg("mount")
         .arg(store.url())
         .arg(&mnt)

@@ -12,6 +12,8 @@
 //! - `-v` gives debug logs for the short commands, and every configuration flag of
 //!   `mount --help` names its environment variable.
 
+mod nonroot;
+
 use std::fs;
 use std::io::Read;
 use std::net::TcpListener;

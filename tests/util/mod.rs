@@ -22,6 +22,7 @@ pub mod mount;
 pub mod proxy;
 pub mod sys;
 pub mod tree;
+pub mod users;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

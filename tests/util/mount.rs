@@ -42,6 +42,7 @@ pub struct Mount {
     endpoint: Option<String>,
     open_file_limit: Option<u64>,
     default_log_level: bool,
+    reachable_by_all: bool,
     args: Vec<OsString>,
 }
 
@@ -55,6 +56,7 @@ impl Mount {
             endpoint: None,
             open_file_limit: None,
             default_log_level: false,
+            reachable_by_all: false,
             args: Vec::new(),
         }
     }
@@ -110,6 +112,14 @@ impl Mount {
 
     /// Starts the daemon with this limit on open files (soft and hard), which it
     /// cannot raise.
+    /// The mount point (and the daemon's directories) in a 0755 directory of the
+    /// system's temporary directory, not the checkout's, whose parents other users
+    /// may not be allowed to enter.
+    pub fn reachable_by_all(mut self) -> Self {
+        self.reachable_by_all = true;
+        self
+    }
+
     /// The daemon logs at its own default level, not at `RUST_LOG=info`.
     pub fn default_log_level(mut self) -> Self {
         self.default_log_level = true;
@@ -124,7 +134,11 @@ impl Mount {
     /// Mounts, and returns once the mount shows in `/proc/self/mountinfo`.
     #[track_caller]
     pub fn start(self) -> MountedStore {
-        let work = repo_temp_dir("mount-");
+        let work = if self.reachable_by_all {
+            crate::util::users::shared_temp_dir("ckptfs-mount-")
+        } else {
+            repo_temp_dir("mount-")
+        };
         // Canonical, as /proc/self/mountinfo shows it.
         let work_path = fs::canonicalize(work.path()).expect("canonical temp dir");
         let reused_mountpoint = self.mountpoint.is_some();

@@ -1,0 +1,150 @@
+//! A user who is not root mounts through `fusermount3`, browses, seals and unmounts;
+//! with `user_allow_other` in `/etc/fuse.conf` a read-only mount lets other users in
+//! (issue 27, "Where users run it"). The throwaway user is uid 65534; `/dev/fuse` and
+//! `/etc/fuse.conf` are opened up for the test and put back after it.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util::mount::mount_entry;
+use crate::util::tree::make_small_tree;
+use crate::util::users::{FuseForUsers, as_nobody, nobodys_dir, shared_binary, shared_temp_dir};
+use crate::util::{Output, run};
+
+/// `ckptfs ARGS` as nobody.
+fn ckptfs_as_nobody(args: &[&std::ffi::OsStr]) -> Output {
+    run(as_nobody().arg(shared_binary()).args(args))
+}
+
+/// `ckptfs mount ... --foreground` as nobody, once the mount shows.
+fn mount_as_nobody(work: &Path, name: &str, extra: &[&str]) -> (Child, std::path::PathBuf) {
+    let mnt = work.join(name);
+    nobodys_dir(&mnt);
+    nobodys_dir(&work.join(format!("{name}-cache")));
+    let log = fs::File::create(work.join(format!("{name}.log"))).unwrap();
+    let child = as_nobody()
+        .arg(shared_binary())
+        .arg("mount")
+        .arg(work.join("store"))
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(work.join(format!("{name}-cache")))
+        .arg("--foreground")
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start the daemon as nobody");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mount_entry(&mnt).is_none() {
+        let log = fs::read_to_string(work.join(format!("{name}.log"))).unwrap_or_default();
+        assert!(Instant::now() < deadline, "not mounted in time:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, mnt)
+}
+
+/// `fusermount3 -u` as nobody, then the daemon's exit.
+fn unmount_as_nobody(mut child: Child, mnt: &Path) {
+    let out = run(as_nobody().arg("fusermount3").arg("-u").arg(mnt));
+    if !out.status.success() {
+        let _ = child.kill();
+        panic!("fusermount3 -u as nobody: {out}");
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "the daemon exited with {status}");
+    assert!(mount_entry(mnt).is_none());
+}
+
+#[test]
+fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
+    let _fuse = FuseForUsers::grant();
+    let work = shared_temp_dir("ckptfs-nonroot-");
+    let work = work.path();
+    let tree = work.join("tree");
+    make_small_tree(&tree, "nonroot");
+    crate::util::run(
+        std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&tree),
+    )
+    .success();
+    for dir in ["store", "staging"] {
+        nobodys_dir(&work.join(dir));
+    }
+    ckptfs_as_nobody(&[
+        "put".as_ref(),
+        work.join("store").as_os_str(),
+        tree.as_os_str(),
+    ])
+    .success();
+
+    let (daemon, mnt) = mount_as_nobody(
+        work,
+        "mnt",
+        &[
+            "--staging-dir",
+            work.join("staging/backing").to_str().unwrap(),
+        ],
+    );
+    let entry = mount_entry(&mnt).unwrap();
+    assert!(
+        entry.mount_options.iter().any(|o| o == "nosuid")
+            && entry.mount_options.iter().any(|o| o == "nodev"),
+        "{:?}",
+        entry.mount_options
+    );
+    // Browse as the user: ls, cat, diff -r.
+    let sh = |script: &str| {
+        run(as_nobody()
+            .args(["sh", "-c", script, "sh"])
+            .arg(&mnt)
+            .arg(&tree))
+    };
+    sh("ls \"$1\" \"$1/latest/\" && cat \"$1/latest/note.txt\" && diff -r \"$1/latest\" \"$2\"")
+        .success();
+    // Seal a turn.
+    sh("mkdir \"$1/staging/turn\" && cp -a \"$2/.\" \"$1/staging/turn/\" && echo more > \"$1/staging/turn/more.txt\" && mv \"$1/staging/turn\" \"$1/commit/turn\"")
+        .success();
+    let out =
+        sh("readlink \"$1/commit/turn\" && cat \"$1/commit/turn/more.txt\" && ls \"$1/staging\"")
+            .success();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0].len() == 67 && lines[1] == "more",
+        "{out}"
+    );
+    // Root is not let in without allow_other, as for any user's FUSE mount.
+    assert!(
+        fs::read_dir(&mnt).is_err(),
+        "root read another user's mount"
+    );
+    unmount_as_nobody(daemon, &mnt);
+
+    // A read-only mount with --allow-other (user_allow_other) lets root and others
+    // in. Passthrough needs CAP_SYS_ADMIN: asked for, it is declined once, in the log.
+    let (daemon, mnt) = mount_as_nobody(
+        work,
+        "shared",
+        &["--read-only", "--allow-other", "--passthrough"],
+    );
+    let log = fs::read_to_string(work.join("shared.log")).unwrap();
+    assert!(log.contains("--passthrough needs CAP_SYS_ADMIN"), "{log}");
+    // The sealed turn, read by root.
+    assert_eq!(fs::read(mnt.join("latest/more.txt")).unwrap(), b"more\n");
+    let first = fs::read_dir(mnt.join("by-time")).unwrap().count();
+    assert_eq!(first, 2, "two turns");
+    assert_eq!(
+        fs::read(mnt.join("latest/note.txt")).unwrap(),
+        fs::read(tree.join("note.txt")).unwrap()
+    );
+    let listed: Vec<_> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(listed.len(), 5, "{listed:?}");
+    unmount_as_nobody(daemon, &mnt);
+}
