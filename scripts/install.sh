@@ -7,21 +7,22 @@
 #   CKPTFS_BIN=path/to/ckptfs bash scripts/install.sh     # install that binary, no build
 #
 # Without CKPTFS_BIN it runs `cargo build --release --locked` (into CARGO_TARGET_DIR
-# when set). Files go under ${DESTDIR}${PREFIX} (PREFIX defaults to /usr/local):
+# when set), which takes minutes. Files go under ${DESTDIR}${PREFIX} (PREFIX
+# defaults to /usr/local, which needs root):
 #
-#   bin/ckptfs
-#   sbin/mount.fuse.ckptfs                      -> ../bin/ckptfs
+#   bin/ckptfs                                  (stripped: the release build keeps
+#                                                line tables for profiling)
 #   share/bash-completion/completions/ckptfs
 #   share/zsh/site-functions/_ckptfs
 #   share/fish/vendor_completions.d/ckptfs.fish
 #   share/man/man1/ckptfs.1, ckptfs-mount.1, ...
 #
-# Which paths mount(8) finds: it runs /sbin/mount.fuse.ckptfs when that exists (with
-# PREFIX=/usr on a merged-/usr system /usr/sbin is /sbin), and otherwise fuse3's
-# mount.fuse3, which runs `ckptfs` from the fixed PATH
-# /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin. PREFIX=/usr and
-# PREFIX=/usr/local both work; under any other PREFIX link
-# /usr/local/bin/ckptfs (or /sbin/mount.fuse.ckptfs) to the installed binary.
+# and the mount helper, where mount(8) looks for it: /sbin/mount.fuse.ckptfs (under
+# DESTDIR), a link to PREFIX/bin/ckptfs. With PREFIX=/usr it is usr/sbin's (/sbin on
+# a merged-/usr system), a relative link. mount(8) runs it for `mount -t
+# fuse.ckptfs` and fstab lines whatever PREFIX is; without it, fuse3's mount.fuse3
+# would look for `ckptfs` on its fixed PATH only
+# (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin).
 #
 # Running it again installs the same files again, and exits 0.
 set -euo pipefail
@@ -61,11 +62,23 @@ put() { # MODE SOURCE RELATIVE-DESTINATION
     installed "$root/$3"
 }
 
-put 0755 "$bin" bin/ckptfs
+# A stripped copy: a tenth of the size.
+if command -v strip >/dev/null; then
+    strip -o "$work/ckptfs" "$bin"
+else
+    echo "install.sh: no strip(1) (binutils); installing the binary unstripped" >&2
+    cp "$bin" "$work/ckptfs"
+fi
+put 0755 "$work/ckptfs" bin/ckptfs
 
-install -d -m 0755 "$root/sbin"
-ln -sfn ../bin/ckptfs "$root/sbin/mount.fuse.ckptfs"
-installed "$root/sbin/mount.fuse.ckptfs -> ../bin/ckptfs"
+if [ "$PREFIX" = /usr ]; then
+    helper_dir="$root/sbin" target=../bin/ckptfs
+else
+    helper_dir="$DESTDIR/sbin" target="$PREFIX/bin/ckptfs"
+fi
+install -d -m 0755 "$helper_dir"
+ln -sfn "$target" "$helper_dir/mount.fuse.ckptfs"
+installed "$helper_dir/mount.fuse.ckptfs -> $target"
 
 "$bin" completions bash >"$work/ckptfs.bash"
 "$bin" completions zsh >"$work/_ckptfs"

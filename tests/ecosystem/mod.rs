@@ -223,7 +223,30 @@ fn install_sh_installs_everything_twice_the_same() {
     let usr = dest.join("usr");
     let helper = usr.join("sbin/mount.fuse.ckptfs");
     assert_eq!(fs::read_link(&helper).unwrap(), Path::new("../bin/ckptfs"));
-    assert_eq!(fs::read(&helper).unwrap(), fs::read(binary()).unwrap());
+    let installed = usr.join("bin/ckptfs");
+    assert_eq!(fs::read(&helper).unwrap(), fs::read(&installed).unwrap());
+    // Stripped (issue 27, item 16), and it still runs.
+    let (size, built) = (
+        fs::metadata(&installed).unwrap().len(),
+        fs::metadata(binary()).unwrap().len(),
+    );
+    assert!(size < built / 2, "not stripped: {size} bytes, built {built}");
+    run(Command::new(&installed).arg("--version")).success();
+
+    // Any other PREFIX: the helper goes where mount(8) looks, /sbin, and points at
+    // the binary by its full path.
+    let other = tmp.path().join("other");
+    run(Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh"))
+        .env("CKPTFS_BIN", binary())
+        .env("DESTDIR", &other)
+        .env("PREFIX", "/opt/ckptfs"))
+    .success();
+    assert_eq!(
+        fs::read_link(other.join("sbin/mount.fuse.ckptfs")).unwrap(),
+        Path::new("/opt/ckptfs/bin/ckptfs")
+    );
+    assert!(other.join("opt/ckptfs/bin/ckptfs").is_file());
 
     // Completions: bash loads its file and completes subcommands; the others name them.
     let bash = usr.join("share/bash-completion/completions/ckptfs");
