@@ -230,7 +230,10 @@ fn install_sh_installs_everything_twice_the_same() {
         fs::metadata(&installed).unwrap().len(),
         fs::metadata(binary()).unwrap().len(),
     );
-    assert!(size < built / 2, "not stripped: {size} bytes, built {built}");
+    assert!(
+        size < built / 2,
+        "not stripped: {size} bytes, built {built}"
+    );
     run(Command::new(&installed).arg("--version")).success();
 
     // Any other PREFIX: the helper goes where mount(8) looks, /sbin, and points at

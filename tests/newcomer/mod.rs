@@ -17,6 +17,7 @@ mod nonroot;
 use std::fs;
 use std::io::Read;
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -755,4 +756,52 @@ fn review_commands_show_what_they_verify_on_a_terminal() {
     );
     let out = run(ckptfs().arg("log").arg(store.url())).success();
     assert_eq!(out.stderr, "", "{out}");
+}
+
+/// Issue 27, item 19: the README's first session works pasted as it is, with the
+/// binary installed (here: on `PATH`); its `/tmp` and `/mnt` are moved under a
+/// temporary directory, and the install line is skipped.
+#[test]
+fn the_readmes_first_session_runs_as_written() {
+    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = &readme[readme.find("A first session").expect("the first session")..];
+    let block = after
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block");
+    let work = repo_temp_dir("readme-");
+    let root = work.path().display().to_string();
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("bash scripts/install.sh"))
+        .map(|l| {
+            l.replace("/tmp/", &format!("{root}/tmp/"))
+                .replace("/mnt/", &format!("{root}/mnt/"))
+        })
+        .map(|l| l + "\n")
+        .collect();
+    assert!(script.contains("umount"), "{script}");
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_ckptfs")).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    let out = run(Command::new("bash")
+        .args(["-c", &format!("set -x\n{script}")])
+        .env("PATH", path)
+        .env("HOME", work.path()))
+    .success();
+    assert!(
+        !out.stderr.contains("error") && !out.stderr.contains("No such"),
+        "{out}"
+    );
+    assert!(out.stdout.contains("+print(\"world\")"), "{out}");
+    let turns = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains(" bytes ") && l.contains(" files "))
+        .count();
+    assert_eq!(turns, 2, "{out}");
+    assert!(
+        mount_entry(&work.path().join("mnt/ckpt")).is_none(),
+        "left mounted"
+    );
 }
