@@ -19,7 +19,7 @@
 //! deleted from disk after every lock is released.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -103,9 +103,8 @@ struct Shared {
     max_archive_size: u64,
     limits: Limits,
     memory_budget: u64,
-    /// Loads running now, each of which may build an index of up to
-    /// `limits.max_index_bytes`.
-    building: AtomicUsize,
+    /// The memory reserved by the loads running now ([`index_estimate`] each).
+    building: AtomicU64,
     queue: Mutex<VecDeque<Arc<Slot>>>,
     queued: Condvar,
     stop: AtomicBool,
@@ -130,7 +129,7 @@ impl Loader {
             max_archive_size: config.max_archive_size,
             limits: config.limits,
             memory_budget: config.memory_budget,
-            building: AtomicUsize::new(0),
+            building: AtomicU64::new(0),
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -238,6 +237,20 @@ impl Drop for Loader {
     }
 }
 
+/// The memory a load reserves for the index it builds, from the archive's compressed
+/// size: 8 bytes of index for each byte of archive, and 16 MiB more, at most what one
+/// index may take (`max_index_bytes`, half the budget). Reserving that maximum for
+/// every load made two small loads at once unload every idle checkpoint. A hostile
+/// archive whose few bytes imply millions of directories builds past its estimate,
+/// up to `max_index_bytes`, and the loaded indexes are brought back within the
+/// budget as soon as it is built.
+fn index_estimate(compressed: u64, max_index_bytes: u64) -> u64 {
+    compressed
+        .saturating_mul(8)
+        .saturating_add(16 << 20)
+        .min(max_index_bytes)
+}
+
 impl Shared {
     fn work(&self) {
         loop {
@@ -261,8 +274,8 @@ impl Shared {
         let started = Instant::now();
         let id = &slot.info.id;
         // Room for the index this load may build, beside those the others may.
-        let building = self.building.fetch_add(1, Ordering::SeqCst) as u64 + 1;
-        let reserved = self.limits.max_index_bytes.saturating_mul(building);
+        let estimate = index_estimate(slot.info.size, self.limits.max_index_bytes);
+        let reserved = self.building.fetch_add(estimate, Ordering::SeqCst) + estimate;
         if self.make_room(id, self.memory_budget.saturating_sub(reserved)) {
             give_back_memory();
         }
@@ -310,7 +323,7 @@ impl Shared {
             Load::Loading(waiters) => waiters,
             _ => Vec::new(),
         };
-        self.building.fetch_sub(1, Ordering::SeqCst);
+        self.building.fetch_sub(estimate, Ordering::SeqCst);
         self.evict(id);
         // A build leaves its working maps freed but held by this thread's arena.
         self.make_room(id, self.memory_budget);

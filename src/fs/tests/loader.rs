@@ -237,3 +237,48 @@ fn loaded_indexes_stay_within_the_memory_budget() {
     wait_loaded(&f.fs, dirs[6]);
     assert!(state(6).contains("half of --memory-budget"), "{}", state(6));
 }
+
+/// Loads at once reserve what their archives may build (see `index_estimate`), not
+/// half the budget each: two small loads running together once reserved the whole
+/// budget and unloaded every idle checkpoint, which then had to be re-checked on its
+/// next use.
+#[test]
+fn small_loads_at_once_unload_nothing() {
+    let trees: Vec<Vec<(String, Vec<u8>)>> = (0..8)
+        .map(|t| {
+            (0..50)
+                .map(|i| (format!("t{t}-{i}"), vec![b'x'; 10]))
+                .collect()
+        })
+        .collect();
+    let borrowed: Vec<Vec<(&str, &[u8])>> = trees
+        .iter()
+        .map(|t| t.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect())
+        .collect();
+    let refs: Vec<&[(&str, &[u8])]> = borrowed.iter().map(Vec::as_slice).collect();
+    let (f, ids) = fixture_with(
+        &refs,
+        Options {
+            memory_budget: 64 << 20,
+            loaders: 2,
+            ..Options::default()
+        },
+    );
+    let fs = Arc::clone(&f.fs);
+    let dirs: Vec<u64> = ids.iter().map(|id| checkpoint_dir(&fs, id)).collect();
+    for round in dirs.chunks(2) {
+        let threads: Vec<_> = round
+            .iter()
+            .map(|&dir| {
+                let fs = Arc::clone(&fs);
+                std::thread::spawn(move || wait_loaded(&fs, dir))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+    }
+    let text = status(&fs);
+    for id in &ids {
+        let line = text.lines().find(|l| l.starts_with(id.as_str())).unwrap();
+        assert!(line.contains("verified"), "unloaded: {line}\n{text}");
+    }
+}
