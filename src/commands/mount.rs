@@ -298,14 +298,22 @@ fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration, exact: bool) {
             let mut wait = if exact { every } else { Duration::ZERO };
             loop {
                 std::thread::sleep(wait);
-                wait = every.max(Duration::from_millis(200));
                 let Some(fs) = fs.upgrade() else { return };
+                let started = std::time::Instant::now();
                 if let Err(e) = fs.refresh() {
                     tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");
                 }
+                wait = next_listing_in(every, started.elapsed());
             }
         })
         .expect("spawning the refresh thread");
+}
+
+/// How long to wait before listing again, after a listing that took `took`: `every`
+/// (`--refresh`, at least 200 ms), or nine times what the listing took, so that a
+/// bucket of millions of names keeps the daemon listing a tenth of the time at most.
+fn next_listing_in(every: Duration, took: Duration) -> Duration {
+    every.max(Duration::from_millis(200)).max(took * 9)
 }
 
 /// If `mountpoint` is a FUSE mount whose daemon is gone (ENOTCONN), detaches it:
@@ -430,4 +438,23 @@ fn last_error(line: &str) -> Option<String> {
     (json["level"] == "ERROR")
         .then(|| json["fields"]["message"].as_str().map(str::to_owned))
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_listing_spaces_the_next() {
+        let every = Duration::from_secs(5);
+        assert_eq!(next_listing_in(every, Duration::from_millis(30)), every);
+        assert_eq!(
+            next_listing_in(every, Duration::from_secs(20)),
+            Duration::from_secs(180)
+        );
+        assert_eq!(
+            next_listing_in(Duration::ZERO, Duration::ZERO),
+            Duration::from_millis(200)
+        );
+    }
 }
