@@ -33,10 +33,10 @@
 # the run changes nothing.
 #
 # What this machine needed (found by running it; the script probes, it does not assume):
-# - --ulimit nofile=H:H --ulimit nproc=4096:4096. Podman asks for RLIMIT_NOFILE 1048576
-#   and RLIMIT_NPROC above the current hard limits by default (also with
-#   `--ulimit host`), and raising a hard limit needs CAP_SYS_RESOURCE, which root does
-#   not have in this sandbox: "crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted".
+# - --ulimit nofile=H:H --ulimit nproc=4096:4096. By default (and with `--ulimit host`)
+#   podman asks for RLIMIT_NOFILE and RLIMIT_NPROC above the hard limits its runtime
+#   inherits, and raising a hard limit needs CAP_SYS_RESOURCE, which root lacks in this
+#   sandbox: "crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted".
 # - runc, not crun: the cgroups here are v1 plus a v2 hierarchy with a controller
 #   (hybrid), which crun 1.8 refuses ("cgroups in hybrid mode not supported, drop all
 #   controllers from cgroupv2"). The script tries crun, then runc, and says why.
@@ -63,10 +63,18 @@
 #   the pause process (by its PID file) before and after each rootless run, and every
 #   container checks that /ckpt really is fuse.ckptfs.
 # - Rootless scenario A needs the user to open /dev/fuse. Here /dev/fuse is 0600 root
-#   (Debian's udev makes it 0666; this machine has no udev), so it is SKIPped unless
+#   (Debian's udev makes it 0666; no udev runs on this machine), so it is SKIPped unless
 #   CKPTFS_CONTAINER_CHMOD_FUSE=1, which makes it 0666 for the run and restores the
 #   mode on exit. With it, a rootless container mounts, seals and unmounts as root in
 #   its user namespace (FUSE mounts are allowed there; no fusermount3 needed).
+# - Rootless containers get a rootfs whose "/" belongs to the user (their root), as an
+#   image in the user's storage would: with "/" the host root's (nobody, 65534, in the
+#   user namespace) ckptfs refuses its cache directory: "/tmp: is in /, which belongs
+#   to uid 65534; refusing to use it" (its security model, rightly).
+# - Rootless podman runs with --root/--runroot/--tmpdir in the temp dir, so the pause
+#   process it starts is this run's (--tmpdir/pause.pid) and stopped by PID: with the
+#   user's defaults, podman keeps the paths its database recorded on its first run and
+#   would join a pause process left by an earlier run that was killed.
 set -uo pipefail
 umask 022
 cd "$(dirname "$0")/.."
@@ -124,12 +132,20 @@ tag="ckptfs-ct-$$"
 MOUNTS=()   # host mount points made here
 DAEMONS=()  # host daemon pids
 CONTAINERS_ROOT=() CONTAINERS_RL=()
-rl_user="" rl_created=0 rl_xdg="$work/xdg" rl_home=""
+rl_user="" rl_created=0 rl_dir="$work/rootless" rl_home=""
 fuse_mode_saved=""
 
 rl() { # run a command as the rootless user, with a runtime dir of ours (5 minutes at most)
     (cd / && timeout 300 runuser -u "$rl_user" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-        HOME="$rl_home" XDG_RUNTIME_DIR="$rl_xdg" USER="$rl_user" LOGNAME="$rl_user" "$@")
+        HOME="$rl_home" XDG_RUNTIME_DIR="$rl_dir/run" USER="$rl_user" LOGNAME="$rl_user" "$@")
+}
+# Rootless podman with its storage, run and tmp directories in $work: its state (and so
+# where it keeps the pause process's PID, --tmpdir/pause.pid) is this run's alone. With
+# the user's defaults, podman keeps using the paths its database recorded on the first
+# run, and a pause process left by an earlier, killed run would be joined: a namespace
+# older than the mount, see the top.
+rlpodman() {
+    rl podman --root "$rl_dir/root" --runroot "$rl_dir/run" --tmpdir "$rl_dir/tmp" "$@"
 }
 kill_pid() { # PID: TERM, wait up to 10 s, then KILL
     local pid=$1 i
@@ -139,7 +155,7 @@ kill_pid() { # PID: TERM, wait up to 10 s, then KILL
     kill -KILL "$pid" 2>/dev/null
 }
 stop_pause() { # rootless podman's pause process, which holds a copy of the mounts
-    local f="$rl_xdg/libpod/tmp/pause.pid" pid
+    local f="$rl_dir/tmp/pause.pid" pid
     [[ -n $rl_user && -f $f ]] || return 0
     pid=$(cat "$f" 2>/dev/null)
     [[ $pid =~ ^[0-9]+$ ]] && [[ $(stat -c %U "/proc/$pid" 2>/dev/null) == "$rl_user" ]] && kill_pid "$pid"
@@ -148,12 +164,14 @@ stop_pause() { # rootless podman's pause process, which holds a copy of the moun
 cleanup() {
     local m c p
     for c in "${CONTAINERS_ROOT[@]}"; do podman rm -f -t 0 "$c" >/dev/null 2>&1; done
-    for c in "${CONTAINERS_RL[@]}"; do rl podman rm -f -t 0 "$c" >/dev/null 2>&1; done
+    for c in "${CONTAINERS_RL[@]}"; do rlpodman rm -f -t 0 "$c" >/dev/null 2>&1; done
     stop_pause
     for m in "${MOUNTS[@]}"; do
         if mountpoint -q "$m"; then fusermount3 -u "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null; fi
     done
-    for p in "${DAEMONS[@]}"; do kill_pid "$p"; done
+    for p in "${DAEMONS[@]}"; do # normally gone with its mount; only ours, by its binary
+        [[ $(readlink "/proc/$p/exe" 2>/dev/null) == "$work/rootfs/usr/bin/ckptfs" ]] && kill_pid "$p"
+    done
     [[ -n $fuse_mode_saved ]] && chmod "$fuse_mode_saved" /dev/fuse
     if ((rl_created)); then
         userdel -r "$rl_user" >/dev/null 2>&1 || echo "warning: userdel $rl_user failed" >&2
@@ -322,7 +340,7 @@ run_ct() {
         timeout 300 podman --runtime "$runtime" run --rm --name "$name" "${base_args[@]}" "$@" >"$out" 2>&1
     else
         CONTAINERS_RL+=("$name")
-        rl podman --runtime "$runtime" run --rm --name "$name" "${base_args[@]}" "$@" >"$out" 2>&1
+        rlpodman --runtime "$runtime" run --rm --name "$name" "${base_args[@]}" "$@" >"$out" 2>&1
     fi
     rc=$?
     while IFS= read -r line; do
@@ -349,9 +367,9 @@ host_mount() {
     local store=$1 mnt=$2 cache=$3 out
     shift 3
     mkdir -p "$mnt"
+    MOUNTS+=("$mnt") # first: a signal may end the script as soon as the mount returns
     if out=$("$ckptfs" mount "$store" "$mnt" --cache-dir "$cache" "$@" 2>&1); then
         mpid=$(sed -n 's/.*daemon pid \([0-9][0-9]*\).*/\1/p' <<<"$out")
-        MOUNTS+=("$mnt")
         [[ -n $mpid ]] && DAEMONS+=("$mpid")
         return 0
     fi
@@ -373,16 +391,16 @@ if ! command -v useradd >/dev/null; then
 else
     rl_user=${CKPTFS_CONTAINER_USER:-ckptfs-podman}
     if ! id "$rl_user" >/dev/null 2>&1; then
-        if useradd -m -s /usr/sbin/nologin "$rl_user" 2>"$work/useradd.err"; then
-            rl_created=1
-        else
+        rl_created=1 # first, as for the mounts
+        if ! useradd -m -s /usr/sbin/nologin "$rl_user" 2>"$work/useradd.err"; then
+            rl_created=0
             rl_why="useradd $rl_user failed: $(cat "$work/useradd.err")"
         fi
     fi
 fi
 if [[ -z $rl_why ]]; then
     rl_home=$(getent passwd "$rl_user" | cut -d: -f6)
-    mkdir -p "$rl_xdg" && chown "$rl_user:" "$rl_xdg" && chmod 0700 "$rl_xdg"
+    mkdir -p "$rl_dir"/{root,run,tmp} && chown "$rl_user:" "$rl_dir"/{root,run,tmp} && chmod 0700 "$rl_dir"/{root,run,tmp}
     # The rootless containers get a rootfs whose "/" is the user's (their root), as an
     # image in the user's storage would have: ckptfs refuses a cache directory under a
     # directory of another owner ("/tmp: is in /, which belongs to uid 65534"), and the
@@ -393,7 +411,7 @@ if [[ -z $rl_why ]]; then
         rl_why="cannot make $rootfs_rl"
     elif ! grep -q "^$rl_user:" /etc/subuid || ! grep -q "^$rl_user:" /etc/subgid; then
         rl_why="$rl_user has no /etc/subuid or /etc/subgid range (rootless podman needs one)"
-    elif ! out=$(rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true 2>&1); then
+    elif ! out=$(rlpodman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true 2>&1); then
         rl_why="rootless podman does not run here: $(grep -v 'shared mount' <<<"$out" | tr '\n' ' ')"
     fi
     stop_pause
@@ -509,7 +527,7 @@ else
     if host_mount "$storeB" "$d/mnt" "$d/cache" --read-only; then
         pid=$mpid
         stop_pause
-        out=$(rl podman --runtime "$runtime" run --rm --name "$tag-noallow" "${base_args[@]}" \
+        out=$(rlpodman --runtime "$runtime" run --rm --name "$tag-noallow" "${base_args[@]}" \
             -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs_rl" /bin/ls /ckpt 2>&1)
         rc=$?
         stop_pause
@@ -528,10 +546,10 @@ else
     d=$work/B3-stale
     mkdir -p "$d"
     stop_pause
-    rl podman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true >/dev/null 2>&1
+    rlpodman --runtime "$runtime" run --rm "${base_args[@]}" --rootfs "$rootfs_rl" /bin/true >/dev/null 2>&1
     if host_mount "$storeB" "$d/mnt" "$d/cache" --read-only --allow-other; then
         pid=$mpid
-        seen=$(rl podman --runtime "$runtime" run --rm --name "$tag-stale" "${base_args[@]}" \
+        seen=$(rlpodman --runtime "$runtime" run --rm --name "$tag-stale" "${base_args[@]}" \
             -v "$d/mnt:/ckpt:ro" --rootfs "$rootfs_rl" /bin/sh -c 'grep -c " /ckpt fuse.ckptfs " /proc/mounts; ls -A /ckpt | wc -l' 2>/dev/null | tr '\n' ' ')
         stop_pause
         note "[B3] with a pause process older than the mount, the container's /ckpt shows (fuse mounts, entries): $seen(0 0: the empty directory under the mount point)"
