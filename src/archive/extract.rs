@@ -98,13 +98,7 @@ pub fn extract(
     dest: &Path,
     limits: Limits,
 ) -> Result<ExtractSummary, ArchiveError> {
-    let created = prepare_destination(dest)?;
-    let dest_fd = rfs::open(
-        dest,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| ArchiveError::io(format!("open destination {}", dest.display()))(e.into()))?;
+    let (dest_fd, created) = open_destination(dest)?;
     let cursor = || {
         DirCursor::new(dest_fd.as_fd()).map_err(ArchiveError::io(format!(
             "open destination {}",
@@ -139,45 +133,61 @@ pub fn extract(
     }
 }
 
-/// Makes sure DEST is an empty directory; returns whether it was created.
-fn prepare_destination(dest: &Path) -> Result<bool, ArchiveError> {
-    match fs::symlink_metadata(dest) {
-        Ok(meta) if meta.is_dir() => {
-            let mut listing = fs::read_dir(dest).map_err(ArchiveError::io(format!(
-                "read destination {}",
-                dest.display()
-            )))?;
-            if listing.next().is_some() {
-                return Err(ArchiveError::Destination {
-                    path: dest.to_owned(),
-                    reason: "is not empty (restore into a new or empty directory)".into(),
-                });
+/// Opens DEST, an empty directory, making it if it does not exist; returns it and
+/// whether it was made. DEST is opened without following a link and checked for
+/// emptiness through that descriptor, which every later step uses: a name swapped
+/// between a check by path and an open by path once let a restore (and the clean-up
+/// of a failed one) act on another directory.
+fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
+    let open = || {
+        rfs::open(
+            dest,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let refused = |reason: &str| ArchiveError::Destination {
+        path: dest.to_owned(),
+        reason: reason.into(),
+    };
+    let io_error = |what: &str| ArchiveError::io(format!("{what} destination {}", dest.display()));
+    let (fd, created) = match open() {
+        Ok(fd) => (fd, false),
+        Err(rustix::io::Errno::NOENT) => {
+            // Only DEST itself is made, as mkdir(1) would: a mistyped parent is an
+            // error, not a new tree somewhere on the host.
+            match fs::create_dir(dest) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(refused(
+                        "cannot be made: its parent directory does not exist (create it first)",
+                    ));
+                }
+                Err(e) => return Err(io_error("create")(e)),
             }
-            Ok(false)
+            let fd = open().map_err(|e| match e {
+                rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                    refused("was replaced by something else while it was made")
+                }
+                e => io_error("open")(e.into()),
+            })?;
+            (fd, true)
         }
-        Ok(_) => Err(ArchiveError::Destination {
-            path: dest.to_owned(),
-            reason: "exists and is not a directory".into(),
-        }),
-        // Only DEST itself is made, as mkdir(1) would: a mistyped parent is an error,
-        // not a new tree somewhere on the host.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => match fs::create_dir(dest) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ArchiveError::Destination {
-                path: dest.to_owned(),
-                reason: "cannot be made: its parent directory does not exist (create it \
-                         first)"
-                    .into(),
-            }),
-            Err(e) => Err(ArchiveError::io(format!(
-                "create destination {}",
-                dest.display()
-            ))(e)),
-        },
-        Err(e) => Err(ArchiveError::io(format!("destination {}", dest.display()))(
-            e,
-        )),
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            return Err(refused("exists and is not a directory (or is a symlink)"));
+        }
+        Err(e) => return Err(io_error("open")(e.into())),
+    };
+    let mut listing = rfs::Dir::read_from(&fd).map_err(|e| io_error("read")(e.into()))?;
+    while let Some(entry) = listing.read() {
+        let entry = entry.map_err(|e| io_error("read")(e.into()))?;
+        if !matches!(entry.file_name().to_bytes(), b"." | b"..") {
+            return Err(refused(
+                "is not empty (restore into a new or empty directory)",
+            ));
+        }
     }
+    Ok((fd, created))
 }
 
 fn empty_directory(dir: &OwnedFd) -> io::Result<()> {

@@ -10,6 +10,7 @@
 
 mod corpus;
 mod deep;
+mod dest_race;
 mod memory;
 mod review;
 
