@@ -169,6 +169,13 @@ fn prime_one(members: &MemberCache, id: &CheckpointId, checkpoint: &Weak<Verifie
     }
 }
 
+/// A name as the first field of a `.status` seal line: escaped, and its colons too
+/// (`\x3a`), so that the first `: ` ends it. A name is the writer's: one holding
+/// `: sealed as <sha> (` once made a failed seal read as a success.
+fn status_field(shown: &str) -> String {
+    shown.replace(':', "\\x3a")
+}
+
 fn seal_error(e: CheckpointError) -> FsError {
     match e {
         CheckpointError::Archive(ArchiveError::TooLarge { limit }) => FsError::TooLarge(format!(
@@ -377,13 +384,13 @@ impl Sealer {
                     copied,
                     "sealed"
                 );
-                format!("{shown}: sealed as {id} ({how})")
+                format!("{}: sealed as {id} ({how})", status_field(&shown))
             }
             Err(e) => {
                 seals.failed += 1;
                 let error = crate::printable::escape(e.to_string().as_bytes()).into_owned();
                 tracing::warn!(workspace = %shown, %error, "seal failed; the workspace is unchanged");
-                format!("{shown}: FAILED: {error}")
+                format!("{}: FAILED: {error}", status_field(&shown))
             }
         };
         seals.outcomes.push(outcome);

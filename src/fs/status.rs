@@ -180,23 +180,24 @@ fn micros(text: &str) -> Option<f64> {
     Some(number * scale)
 }
 
-/// A seal line after `# seal `. The name is escaped and may hold anything printable,
-/// even `: sealed as `, so a success is split at the last such text; the error of a
-/// failure follows the first `: FAILED: `.
+/// A seal line after `# seal `: the name (escaped, colons too, so that the first
+/// `: ` ends it), then `sealed as SHA (HOW)` or `FAILED: ERROR`.
 fn seal(line: &str) -> Option<Seal> {
-    if let Some((name, rest)) = line.rsplit_once(": sealed as ") {
-        let (checkpoint, how) = rest.split_once(" (")?;
+    let (name, rest) = line.split_once(": ")?;
+    let workspace = unescaped(name);
+    if let Some(sealed) = rest.strip_prefix("sealed as ") {
+        let (checkpoint, how) = sealed.split_once(" (")?;
         return Some(Seal {
-            workspace: unescaped(name),
+            workspace,
             outcome: "sealed".to_owned(),
             checkpoint: Some(checkpoint.to_owned()),
             how: Some(how.strip_suffix(')')?.to_owned()),
             error: None,
         });
     }
-    let (name, error) = line.split_once(": FAILED: ")?;
+    let error = rest.strip_prefix("FAILED: ")?;
     Some(Seal {
-        workspace: unescaped(name),
+        workspace,
         outcome: "failed".to_owned(),
         checkpoint: None,
         how: None,
@@ -319,6 +320,7 @@ mod tests {
             # latency read: 1 request, p50 < 512ns, p99 < 2.097152s\n\
             # seal in progress: turn-9\n# seal turn-8: sealed as abc (stored)\n\
             # seal a\\x0ab: FAILED: too many entries: 20000\n\
+            # seal w\\x3a sealed as ffff (stored: FAILED: the path ddd is longer (PATH_MAX)\n\
             aaaa  12  2026-12-01T00:00:00Z  verified 2026-12-01T00:00:05Z from the store\n\
             dddd  78  2026-12-01T00:00:03Z  verified 2026-12-01T00:00:03Z when sealed by this mount\n\
             cccc  56  2026-12-01T00:00:02Z  verified 2026-11-30T10:00:00Z from the store, served from the cache (re-checked 2026-12-01T00:00:09Z)\n\
@@ -339,7 +341,7 @@ mod tests {
             (read.p50_us, read.p99_us, read.total_s),
             (0.512, 2_097_152.0, None)
         );
-        let [sealed, failed] = &report.seals[..] else {
+        let [sealed, failed, forged] = &report.seals[..] else {
             panic!("{:?}", report.seals)
         };
         assert_eq!(
@@ -355,6 +357,15 @@ mod tests {
             ("a\nb", "failed")
         );
         assert_eq!(failed.error.as_deref(), Some("too many entries: 20000"));
+        // A name that holds the text of a success is still a failure of that name.
+        assert_eq!(
+            (
+                forged.workspace.as_str(),
+                forged.outcome.as_str(),
+                forged.checkpoint.as_deref()
+            ),
+            ("w: sealed as ffff (stored", "failed", None)
+        );
         assert_eq!(report.counters.downloaded_bytes, 5000);
         assert_eq!(report.counters.evictions, 2);
         assert_eq!(report.counters.seals_sealed, 3);

@@ -601,7 +601,7 @@ fn a_commit_name_cannot_forge_a_line_of_status() {
     assert_eq!(
         seals,
         [format!(
-            "# seal turn\\n# seal x: sealed as {fake} (stored): sealed as {sha} (stored)"
+            "# seal turn\\n# seal x\\x3a sealed as {fake} (stored): sealed as {sha} (stored)"
         )],
         "one seal, one line:\n{status}"
     );
