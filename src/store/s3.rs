@@ -489,16 +489,33 @@ fn copy_source(bucket: &str, key: &str) -> String {
 /// credentials of the AWS chain; userinfo in the URL is never used, and dropping it
 /// here means it can reach no log line, error message or `.status`.
 fn without_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    // `user:pass@host`; or, when the password holds a `/` (which ends the authority,
+    // so the URL is not valid) or the scheme is missing, everything up to the last `@`:
+    // whatever the SDK makes of such a URL, its error would quote it whole.
+    // A `:` not followed by a port is a password's, cut short by its `/`.
+    let cut_password = || {
+        rest[..authority_end]
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| !port.chars().all(|c| c.is_ascii_digit()))
+    };
+    let at = rest[..authority_end].rfind('@').or_else(|| {
+        rest.rfind('@')
+            .filter(|_| scheme.is_none() || cut_password())
+    });
+    match at {
         Some(at) => {
             tracing::warn!(
                 "ignoring the user name and password in the endpoint URL; credentials come from the AWS chain"
             );
-            format!("{scheme}://{}", &rest[at + 1..])
+            match scheme {
+                Some(scheme) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => rest[at + 1..].to_owned(),
+            }
         }
         None => url.to_owned(),
     }
@@ -1068,5 +1085,15 @@ mod tests {
             "https://minio.local:9000/base"
         );
         assert_eq!(without_userinfo("http://a@b@host/p@q"), "http://host/p@q");
+        // A password holding `/`, and no scheme at all (attacker review).
+        assert_eq!(
+            without_userinfo("http://user:SEC/RETPW@127.0.0.1:9/"),
+            "http://127.0.0.1:9/"
+        );
+        assert_eq!(without_userinfo("user:SECRETPW@host:9000"), "host:9000");
+        assert_eq!(
+            without_userinfo("http://host:9000/p@q"),
+            "http://host:9000/p@q"
+        );
     }
 }
