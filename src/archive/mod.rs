@@ -35,7 +35,7 @@ pub mod index;
 pub mod members;
 pub mod writer;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -104,6 +104,32 @@ impl Limits {
     };
 }
 
+/// How often, in bytes of index memory, a build tells [`with_index_growth`]'s hook.
+pub const GROWTH_STEP: u64 = 16 << 20;
+
+/// What [`with_index_growth`] is given.
+type GrowthHook = Box<dyn FnMut(u64)>;
+
+thread_local! {
+    static GROWTH: RefCell<Option<GrowthHook>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `hook` told, every [`GROWTH_STEP`] bytes, what the index being built
+/// on this thread takes so far: the mount's loader reserves memory for a build as it
+/// grows, and unloads idle checkpoints to make room, so that an archive whose few
+/// bytes imply millions of directories cannot take the daemon past its budget.
+pub fn with_index_growth<T>(hook: impl FnMut(u64) + 'static, f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            GROWTH.with(|g| g.borrow_mut().take());
+        }
+    }
+    GROWTH.with(|g| *g.borrow_mut() = Some(Box::new(hook)));
+    let _reset = Reset;
+    f()
+}
+
 /// Counts entries and unpacked bytes against [`Limits`] while an archive is read.
 pub struct Tally {
     limits: Limits,
@@ -113,6 +139,8 @@ pub struct Tally {
     /// What the index takes in memory so far, by [`index::BUILD_NODE_MEMORY`] a node and
     /// every byte of paths (more than the index keeps of them: an upper bound).
     memory: u64,
+    /// `memory` when the growth hook was last told.
+    told: u64,
 }
 
 impl Tally {
@@ -138,6 +166,15 @@ impl Tally {
 
     fn memory(&mut self, n: u64) -> Result<(), ArchiveError> {
         self.memory = self.memory.saturating_add(n);
+        if self.memory >= self.told + GROWTH_STEP {
+            self.told = self.memory;
+            let memory = self.memory;
+            GROWTH.with(|g| {
+                if let Some(hook) = g.borrow_mut().as_mut() {
+                    hook(memory);
+                }
+            });
+        }
         if self.memory > self.limits.max_index_bytes {
             return Err(ArchiveError::IndexTooLarge(self.limits.max_index_bytes));
         }
@@ -242,6 +279,7 @@ pub fn for_each_entry<R: Read>(
         bytes: 0,
         metadata: 0,
         memory: 0,
+        told: 0,
     };
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     loop {
@@ -366,6 +404,38 @@ pub(crate) fn display_path(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A build tells the hook of its thread every GROWTH_STEP bytes, and only while
+    /// the hook is set.
+    #[test]
+    fn index_growth_is_told_every_step() {
+        let tally = |limits| Tally {
+            limits,
+            entries: 0,
+            bytes: 0,
+            metadata: 0,
+            memory: 0,
+            told: 0,
+        };
+        let told = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let seen = std::rc::Rc::clone(&told);
+        let steps = 3 * GROWTH_STEP / index::BUILD_NODE_MEMORY + 1;
+        with_index_growth(
+            move |memory| seen.borrow_mut().push(memory / GROWTH_STEP),
+            || {
+                let mut t = tally(Limits::DEFAULT);
+                for _ in 0..steps {
+                    t.entry().unwrap();
+                }
+            },
+        );
+        assert_eq!(*told.borrow(), [1, 2, 3]);
+        let mut t = tally(Limits::DEFAULT);
+        for _ in 0..steps {
+            t.entry().unwrap();
+        }
+        assert_eq!(told.borrow().len(), 3, "told after the hook was reset");
+    }
 
     #[test]
     fn clean_path_refuses_escapes() {

@@ -252,7 +252,7 @@ fn index_estimate(compressed: u64, max_index_bytes: u64) -> u64 {
 }
 
 impl Shared {
-    fn work(&self) {
+    fn work(self: &Arc<Self>) {
         loop {
             let slot = {
                 let mut queue = self.queue.lock().expect("loader queue");
@@ -270,7 +270,7 @@ impl Shared {
         }
     }
 
-    fn load(&self, slot: &Slot) {
+    fn load(self: &Arc<Self>, slot: &Slot) {
         let started = Instant::now();
         let id = &slot.info.id;
         // Room for the index this load may build, beside those the others may.
@@ -279,30 +279,48 @@ impl Shared {
         if self.make_room(id, self.memory_budget.saturating_sub(reserved)) {
             give_back_memory();
         }
-        let mut attempt = 0;
-        let result = loop {
-            let mtime = slot
-                .info
-                .last_modified
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64);
-            let result = self.cache.load(
-                self.store.as_ref(),
-                id,
-                self.max_archive_size,
-                self.limits,
-                mtime,
-            );
-            match result {
-                Err(e) if is_transient(&e) && attempt < RETRY_BACKOFF.len() => {
-                    let error = crate::printable::Message(&e);
-                    tracing::warn!(checkpoint = %id, %error, "loading failed; trying again");
-                    std::thread::sleep(RETRY_BACKOFF[attempt]);
-                    attempt += 1;
+        // A build past its estimate reserves more as it grows, making room again.
+        let mine = std::rc::Rc::new(std::cell::Cell::new(estimate));
+        let grow = {
+            let (shared, id, mine) = (Arc::clone(self), id.clone(), std::rc::Rc::clone(&mine));
+            move |memory: u64| {
+                let wanted = memory.saturating_add(crate::archive::GROWTH_STEP);
+                if wanted > mine.get() {
+                    let extra = wanted - mine.get();
+                    mine.set(wanted);
+                    let reserved = shared.building.fetch_add(extra, Ordering::SeqCst) + extra;
+                    if shared.make_room(&id, shared.memory_budget.saturating_sub(reserved)) {
+                        give_back_memory();
+                    }
                 }
-                other => break other,
             }
         };
+        let result = crate::archive::with_index_growth(grow, || {
+            let mut attempt = 0;
+            loop {
+                let mtime = slot
+                    .info
+                    .last_modified
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64);
+                let result = self.cache.load(
+                    self.store.as_ref(),
+                    id,
+                    self.max_archive_size,
+                    self.limits,
+                    mtime,
+                );
+                match result {
+                    Err(e) if is_transient(&e) && attempt < RETRY_BACKOFF.len() => {
+                        let error = crate::printable::Message(&e);
+                        tracing::warn!(checkpoint = %id, %error, "loading failed; trying again");
+                        std::thread::sleep(RETRY_BACKOFF[attempt]);
+                        attempt += 1;
+                    }
+                    other => break other,
+                }
+            }
+        });
         let new = match result {
             Ok(checkpoint) => {
                 tracing::info!(checkpoint = %id, elapsed = ?started.elapsed(), "checkpoint verified");
@@ -323,7 +341,7 @@ impl Shared {
             Load::Loading(waiters) => waiters,
             _ => Vec::new(),
         };
-        self.building.fetch_sub(estimate, Ordering::SeqCst);
+        self.building.fetch_sub(mine.get(), Ordering::SeqCst);
         self.evict(id);
         // A build leaves its working maps freed but held by this thread's arena.
         self.make_room(id, self.memory_budget);
