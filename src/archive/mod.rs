@@ -144,6 +144,17 @@ pub struct Tally {
 }
 
 impl Tally {
+    fn new(limits: Limits) -> Tally {
+        Tally {
+            limits,
+            entries: 0,
+            bytes: 0,
+            metadata: 0,
+            memory: 0,
+            told: 0,
+        }
+    }
+
     /// One more entry, explicit or implied (a parent directory made on the way).
     pub fn entry(&mut self) -> Result<(), ArchiveError> {
         self.count_entries(1)?;
@@ -273,14 +284,7 @@ pub fn for_each_entry<R: Read>(
         inner: tar,
         budget: Rc::clone(&budget),
     });
-    let mut tally = Tally {
-        limits,
-        entries: 0,
-        bytes: 0,
-        metadata: 0,
-        memory: 0,
-        told: 0,
-    };
+    let mut tally = Tally::new(limits);
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     loop {
         budget.set(MAX_METADATA);
@@ -409,28 +413,20 @@ mod tests {
     /// the hook is set.
     #[test]
     fn index_growth_is_told_every_step() {
-        let tally = |limits| Tally {
-            limits,
-            entries: 0,
-            bytes: 0,
-            metadata: 0,
-            memory: 0,
-            told: 0,
-        };
         let told = std::rc::Rc::new(RefCell::new(Vec::new()));
         let seen = std::rc::Rc::clone(&told);
         let steps = 3 * GROWTH_STEP / index::BUILD_NODE_MEMORY + 1;
         with_index_growth(
             move |memory| seen.borrow_mut().push(memory / GROWTH_STEP),
             || {
-                let mut t = tally(Limits::DEFAULT);
+                let mut t = Tally::new(Limits::DEFAULT);
                 for _ in 0..steps {
                     t.entry().unwrap();
                 }
             },
         );
         assert_eq!(*told.borrow(), [1, 2, 3]);
-        let mut t = tally(Limits::DEFAULT);
+        let mut t = Tally::new(Limits::DEFAULT);
         for _ in 0..steps {
             t.entry().unwrap();
         }

@@ -21,18 +21,7 @@ use crate::util::{TestStore, ckptfs, run, sha256_hex};
 const SECRET: &[u8] = b"AKIA-OUTSIDE-SECRET-0123456789";
 
 fn rename_exchange(dir: &Path, a: &str, b: &str) -> std::io::Result<()> {
-    let (a, b) = (c_path(&dir.join(a)), c_path(&dir.join(b)));
-    // SAFETY: both paths are NUL-terminated and outlive the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    crate::util::sys::libc_result(rc)
+    crate::util::sys::rename_exchange(&dir.join(a), &dir.join(b))
 }
 
 fn tar_of(archive: &[u8]) -> Vec<u8> {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tar::EntryType;
 
 use crate::util::archive::TarGz;
-use crate::util::sys::c_path;
+use crate::util::sys::rename_exchange;
 use crate::util::{TestStore, ckptfs, run, sha256_hex, temp_dir};
 
 #[test]
@@ -47,19 +47,10 @@ fn dest_swapped_for_a_link_is_never_followed() {
     let stop = Arc::new(AtomicBool::new(false));
     let swapper = {
         let stop = Arc::clone(&stop);
-        let (a, b) = (c_path(&dest), c_path(&swap));
+        let (a, b) = (dest.clone(), swap.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                // SAFETY: both paths are NUL-terminated and live as long as the loop.
-                unsafe {
-                    libc::renameat2(
-                        libc::AT_FDCWD,
-                        a.as_ptr(),
-                        libc::AT_FDCWD,
-                        b.as_ptr(),
-                        libc::RENAME_EXCHANGE,
-                    )
-                };
+                let _ = rename_exchange(&a, &b);
             }
         })
     };

@@ -96,3 +96,19 @@ impl Drop for FreshExt4 {
         }
     }
 }
+
+/// `renameat2(a, b, RENAME_EXCHANGE)`: the two names swap what they name, at once.
+pub fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
+    let (a, b) = (c_path(a), c_path(b));
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    libc_result(rc)
+}
