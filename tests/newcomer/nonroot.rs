@@ -18,8 +18,39 @@ fn ckptfs_as_nobody(args: &[&std::ffi::OsStr]) -> Output {
     run(as_nobody().arg(shared_binary()).args(args))
 }
 
+/// A daemon started as nobody: unmounted by nobody's `fusermount3 -u` when the test
+/// says so, and detached and killed on drop if the test failed first.
+struct NobodysMount {
+    child: Option<Child>,
+    mnt: std::path::PathBuf,
+}
+
+impl NobodysMount {
+    /// `fusermount3 -u` as nobody, then the daemon's exit.
+    fn unmount(mut self) {
+        let out = run(as_nobody().arg("fusermount3").arg("-u").arg(&self.mnt));
+        assert!(out.status.success(), "fusermount3 -u as nobody: {out}");
+        let status = self.child.take().unwrap().wait().unwrap();
+        assert!(status.success(), "the daemon exited with {status}");
+        assert!(mount_entry(&self.mnt).is_none());
+    }
+}
+
+impl Drop for NobodysMount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.mnt)
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// `ckptfs mount ... --foreground` as nobody, once the mount shows.
-fn mount_as_nobody(work: &Path, name: &str, extra: &[&str]) -> (Child, std::path::PathBuf) {
+fn mount_as_nobody(work: &Path, name: &str, extra: &[&str]) -> NobodysMount {
     let mnt = work.join(name);
     nobodys_dir(&mnt);
     nobodys_dir(&work.join(format!("{name}-cache")));
@@ -38,25 +69,17 @@ fn mount_as_nobody(work: &Path, name: &str, extra: &[&str]) -> (Child, std::path
         .stderr(log)
         .spawn()
         .expect("start the daemon as nobody");
+    let mounted = NobodysMount {
+        child: Some(child),
+        mnt,
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while mount_entry(&mnt).is_none() {
+    while mount_entry(&mounted.mnt).is_none() {
         let log = fs::read_to_string(work.join(format!("{name}.log"))).unwrap_or_default();
         assert!(Instant::now() < deadline, "not mounted in time:\n{log}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    (child, mnt)
-}
-
-/// `fusermount3 -u` as nobody, then the daemon's exit.
-fn unmount_as_nobody(mut child: Child, mnt: &Path) {
-    let out = run(as_nobody().arg("fusermount3").arg("-u").arg(mnt));
-    if !out.status.success() {
-        let _ = child.kill();
-        panic!("fusermount3 -u as nobody: {out}");
-    }
-    let status = child.wait().unwrap();
-    assert!(status.success(), "the daemon exited with {status}");
-    assert!(mount_entry(mnt).is_none());
+    mounted
 }
 
 #[test]
@@ -82,7 +105,7 @@ fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
     ])
     .success();
 
-    let (daemon, mnt) = mount_as_nobody(
+    let daemon = mount_as_nobody(
         work,
         "mnt",
         &[
@@ -90,6 +113,7 @@ fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
             work.join("staging/backing").to_str().unwrap(),
         ],
     );
+    let mnt = daemon.mnt.clone();
     let entry = mount_entry(&mnt).unwrap();
     assert!(
         entry.mount_options.iter().any(|o| o == "nosuid")
@@ -122,15 +146,16 @@ fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
         fs::read_dir(&mnt).is_err(),
         "root read another user's mount"
     );
-    unmount_as_nobody(daemon, &mnt);
+    daemon.unmount();
 
     // A read-only mount with --allow-other (user_allow_other) lets root and others
     // in. Passthrough needs CAP_SYS_ADMIN: asked for, it is declined once, in the log.
-    let (daemon, mnt) = mount_as_nobody(
+    let daemon = mount_as_nobody(
         work,
         "shared",
         &["--read-only", "--allow-other", "--passthrough"],
     );
+    let mnt = daemon.mnt.clone();
     let log = fs::read_to_string(work.join("shared.log")).unwrap();
     assert!(log.contains("--passthrough needs CAP_SYS_ADMIN"), "{log}");
     // The sealed turn, read by root.
@@ -146,5 +171,5 @@ fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(listed.len(), 5, "{listed:?}");
-    unmount_as_nobody(daemon, &mnt);
+    daemon.unmount();
 }
