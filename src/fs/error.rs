@@ -6,7 +6,9 @@
 //! `ls -R` of a damaged checkpoint gives one line, not one per entry. Refusals in
 //! `commit/` (anything but a seal) are logged the same way, so that a user who wonders
 //! why `touch commit/x` failed finds it. `EIO` answers and refusals in `commit/` are
-//! counted for `.status`. All of this is per process.
+//! counted for `.status`. Other unexpected failures (`ESTALE`, `EINVAL`, `EFBIG`...)
+//! are logged the same way, once per operation and reason. All of this is per
+//! process.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,6 +23,11 @@ const REMEMBERED: usize = 1024;
 static IO_ERRORS: AtomicU64 = AtomicU64::new(0);
 static COMMIT_REFUSALS: AtomicU64 = AtomicU64::new(0);
 static LOGGED: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
+/// Warn lines a minute at most, whatever the reasons: a writer in `staging/` can make
+/// failing requests with ever new reasons (names) as fast as it likes, and the log
+/// file is never rotated by the daemon.
+const LINES_A_MINUTE: u32 = 600;
+static MINUTE: Mutex<Option<(Instant, u32)>> = Mutex::new(None);
 
 /// Failed requests counted since the process started.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,9 +45,9 @@ pub fn counts() -> Counts {
     }
 }
 
-/// Whether `reason` should be logged at warn level now (not within [`REPEAT_AFTER`]
-/// of the last time).
-fn first_time(reason: &str) -> bool {
+/// Whether `reason` should be logged at warn level now: not within [`REPEAT_AFTER`]
+/// of the last time, and not past [`LINES_A_MINUTE`]. For seals too.
+pub fn first_time(reason: &str) -> bool {
     let now = Instant::now();
     let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
     let logged = logged.get_or_insert_with(HashMap::new);
@@ -50,6 +57,15 @@ fn first_time(reason: &str) -> bool {
     {
         return false;
     }
+    let mut minute = MINUTE.lock().unwrap_or_else(|e| e.into_inner());
+    let (start, lines) = minute.get_or_insert((now, 0));
+    if now.duration_since(*start) >= Duration::from_secs(60) {
+        (*start, *lines) = (now, 0);
+    }
+    if *lines >= LINES_A_MINUTE {
+        return false;
+    }
+    *lines += 1;
     if logged.len() >= REMEMBERED {
         logged.retain(|_, at| now.duration_since(*at) < REPEAT_AFTER);
         if logged.len() >= REMEMBERED {
@@ -157,8 +173,14 @@ impl FsError {
                 );
             }
         } else if self.is_notable() {
-            let error = crate::printable::Message(self);
-            tracing::warn!(operation, ino, %error, errno, "request failed");
+            // Rate-limited like EIO: a writer in staging/ can repeat a failing request
+            // (readlink of a symlink it removed: ESTALE) as fast as it likes.
+            let error = crate::printable::message(&self.to_string()).into_owned();
+            if first_time(&format!("{operation}: {error}")) {
+                tracing::warn!(operation, ino, %error, errno, "request failed");
+            } else {
+                tracing::debug!(operation, ino, %error, errno, "request failed (logged before)");
+            }
         } else {
             let error = crate::printable::Message(self);
             tracing::debug!(operation, ino, %error, errno, "request refused");

@@ -389,7 +389,11 @@ impl Sealer {
             Err(e) => {
                 seals.failed += 1;
                 let error = crate::printable::escape(e.to_string().as_bytes()).into_owned();
-                tracing::warn!(workspace = %shown, %error, "seal failed; the workspace is unchanged");
+                if crate::fs::error::first_time(&format!("seal {shown}: {error}")) {
+                    tracing::warn!(workspace = %shown, %error, "seal failed; the workspace is unchanged");
+                } else {
+                    tracing::debug!(workspace = %shown, %error, "seal failed (logged before)");
+                }
                 format!("{}: FAILED: {error}", status_field(&shown))
             }
         };

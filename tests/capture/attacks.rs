@@ -637,3 +637,49 @@ fn a_daemon_without_root_does_not_let_other_users_into_staging() {
     );
     assert!(crate::util::mount::mount_entry(&mnt).is_none(), "mounted");
 }
+
+/// A writer repeating a request that fails (readlink of a symlink it removed while it
+/// holds it: ESTALE) cannot grow the daemon's log: the failure is logged once, not
+/// once per request (an attacker review wrote 3 MB a second).
+#[test]
+fn a_failing_request_repeated_is_logged_once() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let store = TestStore::local();
+    let mount = Mount::new(&store).staging().start();
+    let ws = mount.staged("ws");
+    fs::create_dir(&ws).unwrap();
+    std::os::unix::fs::symlink("target", ws.join("s")).unwrap();
+    let path = c_path(&ws.join("s"));
+    // SAFETY: a NUL-terminated path; the descriptor is owned at once.
+    let fd = unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        OwnedFd::from_raw_fd(fd)
+    };
+    fs::remove_file(ws.join("s")).unwrap();
+    let mut failed = 0;
+    for _ in 0..2000 {
+        let mut buf = [0u8; 64];
+        // SAFETY: an empty NUL-terminated path and a buffer of its stated length.
+        let n = unsafe {
+            libc::readlinkat(
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        failed += usize::from(n < 0);
+    }
+    assert_eq!(failed, 2000, "readlink of the removed symlink succeeded");
+    let log = mount.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("request failed") && l.contains("readlink"))
+        .count();
+    assert!(
+        lines <= 1,
+        "{lines} lines for one repeated failure:\n{}",
+        mount.log_excerpt()
+    );
+}
