@@ -74,6 +74,29 @@ fn push_control(out: &mut String, c: char) -> bool {
     true
 }
 
+/// File contents shown on a terminal (`diff --patch`): lines and tabs stay, every
+/// other control character, reordering character or byte that is not UTF-8 is escaped
+/// as in [`escape`]; backslashes are left as they are. A checkpoint's file could
+/// otherwise erase the lines above it and print others.
+pub fn for_terminal(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let clean = |c: char| c == '\n' || c == '\t' || !(c.is_control() || reorders(c));
+    if std::str::from_utf8(bytes).is_ok_and(|text| text.chars().all(clean)) {
+        return Cow::Borrowed(bytes);
+    }
+    let mut out = String::with_capacity(bytes.len() + 16);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if clean(c) || !push_control(&mut out, c) {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    Cow::Owned(out.into_bytes())
+}
+
 /// A value shown by [`message`], for `tracing` fields and `format!`.
 pub struct Message<T>(pub T);
 
@@ -141,6 +164,13 @@ fn reorders(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_contents_for_a_terminal_keep_lines_and_tabs() {
+        let shown = for_terminal(b"a\tb\\n\n\x1b[2K\r\xff\xe2\x80\xae.");
+        assert_eq!(&*shown, &b"a\tb\\n\n\\x1b[2K\\r\\xff\\u{202e}."[..]);
+        assert!(matches!(for_terminal(b"plain\ttext\n"), Cow::Borrowed(_)));
+    }
     use proptest::prelude::*;
 
     #[test]

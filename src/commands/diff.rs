@@ -198,6 +198,11 @@ fn write_details(
         new_data.flatten().as_deref(),
         budget,
     ) {
+        // On a terminal, a file's control characters are shown escaped: they could
+        // erase the lines above and print others. Piped, the patch is as it is.
+        Patch::Text(text) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            out.write_all(&crate::printable::for_terminal(&text))?
+        }
         Patch::Text(text) => out.write_all(&text)?,
         Patch::Binary => writeln!(out, "Binary files differ")?,
     }

@@ -805,3 +805,42 @@ fn the_readmes_first_session_runs_as_written() {
         "left mounted"
     );
 }
+
+/// `diff --patch` on a terminal shows a file's control characters escaped: a hostile
+/// turn's file could erase the lines above it and print a fake one (attacker review).
+/// Piped, the patch is left as it is, for `git apply`.
+#[test]
+fn a_patch_on_a_terminal_cannot_drive_it() {
+    let store = TestStore::local();
+    let tree = temp_dir();
+    fs::write(tree.path().join("f"), "a\n").unwrap();
+    run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    fs::write(
+        tree.path().join("f"),
+        "b\r\x1b[2K\x1b[1AM src/harmless.rs\n",
+    )
+    .unwrap();
+    run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let command = format!(
+        "{} diff {} latest~1 latest --patch",
+        env!("CARGO_BIN_EXE_ckptfs"),
+        store.url()
+    );
+    let shown = run(Command::new("script").args(["-qec", &command, "/dev/null"]))
+        .success()
+        .stdout;
+    assert!(
+        // (The spinner on stderr uses escapes of its own; the cursor-up is the file's.)
+        shown.contains("\\x1b[2K\\x1b[1AM src/harmless.rs") && !shown.contains("\x1b[1A"),
+        "{shown:?}"
+    );
+    let piped = run(ckptfs()
+        .arg("diff")
+        .arg(store.url())
+        .args(["latest~1", "latest", "--patch"]))
+    .success();
+    assert!(
+        piped.stdout.contains("\x1b[2K\x1b[1AM src/harmless.rs"),
+        "{piped}"
+    );
+}
