@@ -78,6 +78,9 @@ pub struct FsConfig {
     /// read by FUSE passthrough; otherwise the kernel opens files by itself (see
     /// [`CheckpointFs::open_is_free`]).
     pub passthrough: bool,
+    /// Other users may use the mount (`--allow-other`) and it is not read-only: opens
+    /// are checked by the daemon (see [`CheckpointFs::open_is_free`]).
+    pub others_may_write: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +245,9 @@ pub struct CheckpointFs {
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
     latencies: Arc<metrics::Latencies>,
-    passthrough: bool,
+    /// Every open goes through the daemon: for passthrough, or because other users
+    /// could otherwise open checkpoint files for writing.
+    opens_checked: bool,
     kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
 }
 
@@ -317,7 +322,7 @@ impl CheckpointFs {
             staging,
             sealer,
             latencies,
-            passthrough: config.passthrough,
+            opens_checked: config.passthrough || config.others_may_write,
             kernel,
         })
     }
@@ -435,8 +440,14 @@ impl CheckpointFs {
     /// cache is kept across opens), and reads and writes come with no handle
     /// ([`NO_HANDLE`]). The price: no passthrough (no open, no backing file), so large
     /// checkpoint files are read through the daemon the first time.
+    ///
+    /// Not when other users may use a writable mount: the kernel would then let any
+    /// user whom a checkpoint file's mode allows open it for writing, and pages
+    /// dirtied through a shared mapping stay in the page cache after their writeback
+    /// fails, so that everyone would read bytes that were never verified. Opened by the
+    /// daemon, a checkpoint file opened for writing is refused (`EROFS`).
     pub fn open_is_free(&self) -> bool {
-        !self.passthrough
+        !self.opens_checked
     }
 
     /// Reads file `ino`, through open handle `fh` or by inode ([`NO_HANDLE`]).

@@ -683,3 +683,35 @@ fn a_failing_request_repeated_is_logged_once() {
         mount.log_excerpt()
     );
 }
+
+/// With other users let in (`--allow-other`) on a writable mount, a checkpoint file
+/// whose mode lets a user write it cannot be opened for writing: once the kernel
+/// opened files by itself, such a user mapped one shared and writable, and the pages
+/// they dirtied stayed in the page cache after the writeback failed, so that root read
+/// bytes that were never verified (attacker review).
+#[test]
+fn another_user_cannot_open_a_checkpoint_file_for_writing() {
+    let store = TestStore::local();
+    let tree = shared_temp_dir("capture-mmap-tree-");
+    let file = tree.path().join("theirs.sh");
+    fs::write(&file, format!("echo benign\n{}\n", "#".repeat(40_000))).unwrap();
+    std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+    let out = run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let sha = out.stdout.split_whitespace().next().unwrap().to_owned();
+    let mount = Mount::new(&store)
+        .staging()
+        .reachable_by_all()
+        .args(["--allow-other"])
+        .start();
+    let shown = mount.join(&sha).join("theirs.sh");
+    // A first read by root, as a reviewer's would be.
+    assert!(fs::read(&shown).unwrap().starts_with(b"echo benign"));
+    let out = run(as_nobody()
+        .args(["sh", "-c", "exec 3<>\"$1\" && echo opened", "sh"])
+        .arg(&shown));
+    assert!(
+        !out.status.success() && out.stderr.contains("Read-only file system"),
+        "another user opened a checkpoint file for writing: {out}"
+    );
+    assert!(fs::read(&shown).unwrap().starts_with(b"echo benign"));
+}
