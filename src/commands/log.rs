@@ -225,7 +225,9 @@ struct JsonTurn<'a> {
     sha256: &'a str,
     size: u64,
     last_modified: String,
-    /// Why the checkpoint could not be read; the counts below are then absent.
+    /// Why the checkpoint could not be read (absent when it was read); the counts
+    /// below are then null.
+    #[serde(skip_serializing_if = "Option::is_none")]
     failed: Option<&'a str>,
     entries: Option<u64>,
     files: Option<u64>,

@@ -301,10 +301,15 @@ fn spawn_refresher(fs: Weak<CheckpointFs>, every: Duration, exact: bool) {
                 std::thread::sleep(wait);
                 let Some(fs) = fs.upgrade() else { return };
                 let started = std::time::Instant::now();
-                if let Err(e) = fs.refresh() {
-                    tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");
-                }
-                wait = next_listing_in(every, started.elapsed());
+                wait = match fs.refresh() {
+                    Ok(_) => next_listing_in(every, started.elapsed()),
+                    // A failed listing's time is the store's timeouts, not its size:
+                    // the store is tried again as often as ever.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listing the store failed; keeping the previous listing");
+                        every.max(Duration::from_millis(200))
+                    }
+                };
             }
         })
         .expect("spawning the refresh thread");

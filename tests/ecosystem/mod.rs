@@ -318,7 +318,7 @@ fn systemd_unit_and_its_environment_file_are_valid() {
             );
             continue;
         }
-        let env = format!("[env: {name}=");
+        let env = format!("[env: {name}]");
         assert!(
             help.contains(&env) || global.contains(&env),
             "{name} in ckptfs.env.example is not a variable ckptfs reads"
