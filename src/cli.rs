@@ -491,13 +491,15 @@ pub struct MountArgs {
     pub part_size: u64,
     #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE", env = "CKPTFS_MEMBER_CACHE_SIZE", help = MEMBER_CACHE_HELP)]
     pub member_cache_size: u64,
-    /// Browse only: no staging/ and commit/, mounted `ro`.
+    /// Browse only: no staging/ and commit/, mounted `ro`; the kernel then opens files
+    /// by itself, without a round trip each (the fastest way to review turns).
     #[arg(long, env = "CKPTFS_READ_ONLY")]
     pub read_only: bool,
     /// Open files through the daemon, so that checkpoint files of 16 KiB and more are
     /// read by FUSE passthrough, at the speed of the cache's disk, from the first
     /// read on; costs a round trip to the daemon per open (slower for many small
-    /// files). By default the kernel opens files by itself.
+    /// files) on a read-only mount, where the kernel otherwise opens files by itself
+    /// (a writable mount always opens through the daemon).
     #[arg(long, env = "CKPTFS_PASSTHROUGH")]
     pub passthrough: bool,
     /// Checkpoints verified and loaded at once (default: half the cores, 2 to 16);

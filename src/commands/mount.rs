@@ -240,7 +240,6 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
             loaders: args.loaders.unwrap_or_else(default_loaders),
             read_only: args.read_only,
             passthrough: passthrough(args.passthrough),
-            others_may_write: args.allow_other && !args.read_only,
         },
     ))
 }

@@ -75,12 +75,9 @@ pub struct FsConfig {
     /// No `staging/` and no `commit/`.
     pub read_only: bool,
     /// Files are opened through the daemon, so that large checkpoint files can be
-    /// read by FUSE passthrough; otherwise the kernel opens files by itself (see
-    /// [`CheckpointFs::open_is_free`]).
+    /// read by FUSE passthrough; otherwise, on a read-only mount, the kernel opens
+    /// files by itself (see [`CheckpointFs::open_is_free`]).
     pub passthrough: bool,
-    /// Other users may use the mount (`--allow-other`) and it is not read-only: opens
-    /// are checked by the daemon (see [`CheckpointFs::open_is_free`]).
-    pub others_may_write: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,8 +242,8 @@ pub struct CheckpointFs {
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
     latencies: Arc<metrics::Latencies>,
-    /// Every open goes through the daemon: for passthrough, or because other users
-    /// could otherwise open checkpoint files for writing.
+    /// Every open goes through the daemon: for passthrough, or because the mount is
+    /// writable, so that the kernel would let checkpoint files be opened for writing.
     opens_checked: bool,
     kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
 }
@@ -322,7 +319,7 @@ impl CheckpointFs {
             staging,
             sealer,
             latencies,
-            opens_checked: config.passthrough || config.others_may_write,
+            opens_checked: config.passthrough || !config.read_only,
             kernel,
         })
     }
@@ -434,18 +431,16 @@ impl CheckpointFs {
         self.of_inode(ino).open(ino, flags)
     }
 
-    /// Whether opening a file asks nothing of the daemon: unless the mount was asked
-    /// for passthrough, the adapter answers the first OPEN with ENOSYS, after which
-    /// the kernel opens every file by itself (no round trip per open, and the page
-    /// cache is kept across opens), and reads and writes come with no handle
-    /// ([`NO_HANDLE`]). The price: no passthrough (no open, no backing file), so large
-    /// checkpoint files are read through the daemon the first time.
+    /// Whether opening a file asks nothing of the daemon: on a read-only mount without
+    /// passthrough, the adapter answers the first OPEN with ENOSYS, after which the
+    /// kernel opens every file by itself (no round trip per open, and the page cache
+    /// is kept across opens), and reads come with no handle ([`NO_HANDLE`]).
     ///
-    /// Not when other users may use a writable mount: the kernel would then let any
-    /// user whom a checkpoint file's mode allows open it for writing, and pages
-    /// dirtied through a shared mapping stay in the page cache after their writeback
-    /// fails, so that everyone would read bytes that were never verified. Opened by the
-    /// daemon, a checkpoint file opened for writing is refused (`EROFS`).
+    /// Not on a writable mount: the kernel would then let a checkpoint file whose mode
+    /// allows it (or any, for root) be opened for writing, and pages dirtied through a
+    /// shared mapping stay in the page cache after their writeback fails, so that every
+    /// reader would see bytes that were never verified. Opened by the daemon, a
+    /// checkpoint file opened for writing is refused (`EROFS`).
     pub fn open_is_free(&self) -> bool {
         !self.opens_checked
     }

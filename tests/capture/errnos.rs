@@ -194,8 +194,7 @@ fn commit_only_takes_top_level_workspaces_of_staging() {
     }
 }
 
-/// The kernel opens files by itself, so the daemon does not know which files are
-/// open: a file open for writing does not stop a seal. The seal takes what was written
+/// A file open for writing does not stop a seal. The seal takes what was written
 /// before it (writes reach the daemon as they are made: nothing is held back in the
 /// kernel). The writer keeps the file it holds, as on a local disk when a file is
 /// deleted under an open descriptor: its later writes land there, in no workspace and

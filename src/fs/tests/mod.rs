@@ -239,7 +239,6 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             loaders: options.loaders,
             read_only: options.read_only,
             passthrough: options.passthrough,
-            others_may_write: false,
         },
     );
     fs.refresh().unwrap();
