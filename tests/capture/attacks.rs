@@ -714,4 +714,17 @@ fn another_user_cannot_open_a_checkpoint_file_for_writing() {
         "another user opened a checkpoint file for writing: {out}"
     );
     assert!(fs::read(&shown).unwrap().starts_with(b"echo benign"));
+    drop(mount);
+
+    // Root, on a writable mount without --allow-other, after a first read: the same
+    // (the fifth review did it as root, whom no mode stops).
+    let mount = Mount::new(&store).staging().start();
+    let shown = mount.join(&sha).join("theirs.sh");
+    assert!(fs::read(&shown).unwrap().starts_with(b"echo benign"));
+    let err = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&shown)
+        .expect_err("root opened a checkpoint file for writing");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
 }
