@@ -728,3 +728,31 @@ fn another_user_cannot_open_a_checkpoint_file_for_writing() {
         .expect_err("root opened a checkpoint file for writing");
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
 }
+
+/// What the security model says of `CAP_SYS_ADMIN`: remounted read-write, a
+/// `--read-only --passthrough` mount still refuses a checkpoint file opened for
+/// writing (every open goes through the daemon), where a plain `--read-only` one
+/// leaves it to the mount's flags (the sixth attacker review remounted one).
+#[test]
+fn a_read_only_passthrough_mount_remounted_rw_still_refuses_writes() {
+    let store = TestStore::local();
+    let tree = crate::util::temp_dir();
+    fs::write(tree.path().join("big.txt"), "A".repeat(40_000)).unwrap();
+    let out = run(ckptfs().arg("put").arg(store.url()).arg(tree.path())).success();
+    let sha = out.stdout.split_whitespace().next().unwrap().to_owned();
+    let mount = Mount::new(&store)
+        .args(["--read-only", "--passthrough"])
+        .start();
+    let shown = mount.join(&sha).join("big.txt");
+    assert_eq!(fs::read(&shown).unwrap().len(), 40_000);
+    run(std::process::Command::new("mount")
+        .args(["-i", "-o", "remount,rw"])
+        .arg(mount.path()))
+    .success();
+    let err = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&shown)
+        .expect_err("opened for writing after a remount");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+}
