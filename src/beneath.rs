@@ -82,6 +82,60 @@ pub fn open_dir_path(root: BorrowedFd<'_>, parts: &[&[u8]]) -> io::Result<OwnedF
     Ok(dir)
 }
 
+/// Opens, beneath `from`, the directory that the first of `names` lead to, as many at
+/// once as a path holds (for a chain of directories deeper than `PATH_MAX` allows in
+/// one path); returns it (`O_PATH`) and how many names it took. Links and `..` are
+/// refused by the kernel (`openat2` with `RESOLVE_BENEATH` and `RESOLVE_NO_SYMLINKS`),
+/// or, on a kernel without `openat2`, by taking one name at a time without following
+/// links.
+pub fn open_dirs_beneath(from: impl AsFd, names: &[&[u8]]) -> io::Result<(OwnedFd, usize)> {
+    use rustix::fs::ResolveFlags;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// The longest path handed to the kernel at once, under `PATH_MAX`.
+    const PATH_CHUNK: usize = 4000;
+    const FLAGS: OFlags = OFlags::PATH
+        .union(OFlags::DIRECTORY)
+        .union(OFlags::NOFOLLOW)
+        .union(OFlags::CLOEXEC);
+    static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+    let from = from.as_fd();
+    let one_at_a_time = || {
+        rfs::openat(from, OsStr::from_bytes(names[0]), FLAGS, Mode::empty())
+            .map(|fd| (fd, 1))
+            .map_err(os)
+    };
+    if NO_OPENAT2.load(Ordering::Relaxed) {
+        return one_at_a_time();
+    }
+    let mut path = Vec::new();
+    let mut taken = 0;
+    for name in names {
+        if !path.is_empty() && path.len() + 1 + name.len() >= PATH_CHUNK {
+            break;
+        }
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name);
+        taken += 1;
+    }
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rfs::openat2(
+        from,
+        OsStr::from_bytes(&path),
+        FLAGS,
+        Mode::empty(),
+        resolve,
+    ) {
+        Ok(fd) => Ok((fd, taken)),
+        Err(rustix::io::Errno::NOSYS) => {
+            NO_OPENAT2.store(true, Ordering::Relaxed);
+            one_at_a_time()
+        }
+        Err(e) => Err(os(e)),
+    }
+}
+
 /// Why [`DirCursor::make`] could not reach a directory.
 #[derive(Debug)]
 pub enum WalkError {

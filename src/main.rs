@@ -48,29 +48,32 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 fn parse_arguments() -> Result<Cli, String> {
     let args: Vec<OsString> = std::env::args_os().collect();
     let command = ckptfs::cli::command();
-    let mut names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
-    names.push("help");
-    // What `-o` may say: the flags of `ckptfs mount` and the global ones, as `cache_dir`.
-    let mount = command
-        .find_subcommand("mount")
-        .expect("a mount subcommand");
-    let spelled: Vec<(String, bool)> = command
-        .get_arguments()
-        .chain(mount.get_arguments())
-        .filter_map(|arg| {
-            let long = arg
-                .get_long()
-                .filter(|l| !matches!(*l, "help" | "version"))?;
-            Some((long.replace('-', "_"), arg.get_action().takes_values()))
-        })
-        .collect();
-    let flags: Vec<_> = spelled.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-    let args = match ckptfs::mount_helper::translate(&args, &names, &flags) {
-        None => args,
-        Some(Ok(mount)) => mount,
-        Some(Err(message)) => return Err(message),
+    let args = {
+        let mut names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
+        names.push("help");
+        // What `-o` may say: the flags of `ckptfs mount` and the global ones, as
+        // `cache_dir`.
+        let mount = command
+            .find_subcommand("mount")
+            .expect("a mount subcommand");
+        let spelled: Vec<(String, bool)> = command
+            .get_arguments()
+            .chain(mount.get_arguments())
+            .filter_map(|arg| {
+                let long = arg
+                    .get_long()
+                    .filter(|l| !matches!(*l, "help" | "version"))?;
+                Some((long.replace('-', "_"), arg.get_action().takes_values()))
+            })
+            .collect();
+        let flags: Vec<_> = spelled.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        match ckptfs::mount_helper::translate(&args, &names, &flags) {
+            None => args,
+            Some(Ok(mount)) => mount,
+            Some(Err(message)) => return Err(message),
+        }
     };
-    let matches = ckptfs::cli::command().get_matches_from(args);
+    let matches = command.get_matches_from(args);
     Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }
 

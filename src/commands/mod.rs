@@ -86,9 +86,14 @@ fn resolve_name(store: &dyn ObjectStore, given: &str) -> Result<CheckpointId> {
     Ok(checkpoint::resolve(store, given)?)
 }
 
+/// Progress is shown on a terminal, unless `-q`.
+fn progress_shown() -> bool {
+    io::stderr().is_terminal() && !say::is_quiet()
+}
+
 /// A progress bar of bytes on stderr, or a hidden one when stderr is not a terminal.
 fn bar(len: u64, message: &'static str) -> ProgressBar {
-    if !io::stderr().is_terminal() || say::is_quiet() {
+    if !progress_shown() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len).with_message(message);
@@ -106,7 +111,7 @@ fn bar(len: u64, message: &'static str) -> ProgressBar {
 /// step of unknown length runs, or a hidden one when stderr is not a terminal or `-q`
 /// was given. Dropping it clears it.
 fn spinner(message: String) -> Spinner {
-    if !io::stderr().is_terminal() || say::is_quiet() {
+    if !progress_shown() {
         return Spinner(ProgressBar::hidden());
     }
     let bar = ProgressBar::new_spinner().with_message(message);

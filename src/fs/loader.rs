@@ -242,8 +242,7 @@ impl Drop for Loader {
 /// index may take (`max_index_bytes`, half the budget). Reserving that maximum for
 /// every load made two small loads at once unload every idle checkpoint. A hostile
 /// archive whose few bytes imply millions of directories builds past its estimate,
-/// up to `max_index_bytes`, and the loaded indexes are brought back within the
-/// budget as soon as it is built.
+/// up to `max_index_bytes`, reserving more as it grows (see `load`).
 fn index_estimate(compressed: u64, max_index_bytes: u64) -> u64 {
     compressed
         .saturating_mul(8)
@@ -275,10 +274,7 @@ impl Shared {
         let id = &slot.info.id;
         // Room for the index this load may build, beside those the others may.
         let estimate = index_estimate(slot.info.size, self.limits.max_index_bytes);
-        let reserved = self.building.fetch_add(estimate, Ordering::SeqCst) + estimate;
-        if self.make_room(id, self.memory_budget.saturating_sub(reserved)) {
-            give_back_memory();
-        }
+        self.reserve(id, estimate);
         // A build past its estimate reserves more as it grows, making room again.
         let mine = std::rc::Rc::new(std::cell::Cell::new(estimate));
         let grow = {
@@ -286,23 +282,19 @@ impl Shared {
             move |memory: u64| {
                 let wanted = memory.saturating_add(crate::archive::GROWTH_STEP);
                 if wanted > mine.get() {
-                    let extra = wanted - mine.get();
+                    shared.reserve(&id, wanted - mine.get());
                     mine.set(wanted);
-                    let reserved = shared.building.fetch_add(extra, Ordering::SeqCst) + extra;
-                    if shared.make_room(&id, shared.memory_budget.saturating_sub(reserved)) {
-                        give_back_memory();
-                    }
                 }
             }
         };
+        let mtime = slot
+            .info
+            .last_modified
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
         let result = crate::archive::with_index_growth(grow, || {
             let mut attempt = 0;
             loop {
-                let mtime = slot
-                    .info
-                    .last_modified
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs() as i64);
                 let result = self.cache.load(
                     self.store.as_ref(),
                     id,
@@ -348,6 +340,15 @@ impl Shared {
         give_back_memory();
         for waiter in waiters {
             waiter();
+        }
+    }
+
+    /// Adds `extra` to the memory reserved for builds, and unloads idle checkpoints
+    /// until the budget has room for everything reserved.
+    fn reserve(&self, id: &CheckpointId, extra: u64) {
+        let reserved = self.building.fetch_add(extra, Ordering::SeqCst) + extra;
+        if self.make_room(id, self.memory_budget.saturating_sub(reserved)) {
+            give_back_memory();
         }
     }
 

@@ -414,7 +414,9 @@ impl StagingTree {
         way_down.reverse();
         let mut rest = way_down.as_slice();
         while !rest.is_empty() {
-            let (next, taken) = descend(&fd, rest)?;
+            let names: Vec<&[u8]> = rest.iter().map(|(_, name)| name.as_slice()).collect();
+            let (next, taken) =
+                crate::beneath::open_dirs_beneath(&*fd, &names).map_err(|_| FsError::Stale)?;
             let expected = rest[taken - 1].0;
             if self.fuse_ino(rfs::fstat(&next).map_err(os)?.st_ino) != expected {
                 return Err(FsError::Stale);
@@ -880,55 +882,3 @@ impl Subtree for StagingTree {
         FsError::Os(std::io::Error::from_raw_os_error(libc::EXDEV))
     }
 }
-
-/// Opens, beneath `from`, the directory that the first names of `way` lead to, as
-/// many at once as a path holds; returns it and how many names it took. Links and
-/// `..` are refused by the kernel (`openat2` with `RESOLVE_BENEATH` and
-/// `RESOLVE_NO_SYMLINKS`), or, on a kernel without `openat2`, by taking one name at a
-/// time without following links.
-fn descend(from: &OwnedFd, way: &[(u64, Vec<u8>)]) -> Result<(OwnedFd, usize), FsError> {
-    use rustix::fs::ResolveFlags;
-    const FLAGS: OFlags = OFlags::PATH
-        .union(OFlags::DIRECTORY)
-        .union(OFlags::NOFOLLOW)
-        .union(OFlags::CLOEXEC);
-    static NO_OPENAT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let one_at_a_time = || {
-        rfs::openat(from, OsStr::from_bytes(&way[0].1), FLAGS, Mode::empty())
-            .map(|fd| (fd, 1))
-            .map_err(|_| FsError::Stale)
-    };
-    if NO_OPENAT2.load(std::sync::atomic::Ordering::Relaxed) {
-        return one_at_a_time();
-    }
-    let mut path = Vec::new();
-    let mut taken = 0;
-    for (_, name) in way {
-        if !path.is_empty() && path.len() + 1 + name.len() >= PATH_CHUNK {
-            break;
-        }
-        if !path.is_empty() {
-            path.push(b'/');
-        }
-        path.extend_from_slice(name);
-        taken += 1;
-    }
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    match rfs::openat2(
-        from,
-        OsStr::from_bytes(&path),
-        FLAGS,
-        Mode::empty(),
-        resolve,
-    ) {
-        Ok(fd) => Ok((fd, taken)),
-        Err(rustix::io::Errno::NOSYS) => {
-            NO_OPENAT2.store(true, std::sync::atomic::Ordering::Relaxed);
-            one_at_a_time()
-        }
-        Err(_) => Err(FsError::Stale),
-    }
-}
-
-/// The longest path [`descend`] hands the kernel at once, under `PATH_MAX`.
-const PATH_CHUNK: usize = 4000;
