@@ -40,10 +40,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# fuse3 for the mounts; GNU time to measure the peak memory of commands under test.
+# fuse3 for the mounts; GNU time to measure the peak memory of commands under test;
+# Chromium to load `ckptfs report`'s pages as a browser does.
 missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 [ -x /usr/bin/time ] || missing+=(time)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}" >&2
     apt-get update -q

@@ -104,6 +104,15 @@ pub enum Command {
                       ckptfs log ./store --json"
     )]
     Log(LogArgs),
+    /// Write a static HTML history of the turns into a directory: an index with a chart,
+    /// one page per turn with its diffs, every checkpoint verified while it is made.
+    #[command(
+        long_about = REPORT_ABOUT,
+        after_help = "Example:\n  ckptfs report s3://my-bucket/checkpoints ./review\n  \
+                      ckptfs report ./store ./review --lineage latest\n  \
+                      chromium ./review/index.html"
+    )]
+    Report(ReportArgs),
     /// What changed from checkpoint A to checkpoint B: A (added), D (removed), M
     /// (modified) and the path, one line each.
     #[command(
@@ -152,6 +161,23 @@ new size as added; modification times are not compared.
 
 Every checkpoint is downloaded and verified first (hashed and indexed in one pass,
 see --cache-dir); nothing is printed unless all of them verify.";
+
+const REPORT_ABOUT: &str = "\
+Write a static HTML history of the turns into OUTDIR, to open from file:// with no
+server and no network: index.html lists the turns in capture order (time, sha256,
+size, files added, modified, removed and renamed, lines added and removed) under a
+chart of the workspace's size and changed lines; turns/SHA256.html shows one turn's
+changes, each with its unified diff against its parent (put --parent) or else the turn
+before, and every entry of the turn.
+
+Every checkpoint shown is downloaded and verified (hashed against its name) while the
+report is made; one that fails is shown as FAILED and the exit status is 1. Names and
+contents come from the sandbox and are shown as text: the pages hold no script, and
+their Content-Security-Policy forbids scripts and every request.
+
+OUTDIR is made if missing. Given an earlier report, only the turns it does not hold
+are computed again (the others are still verified); a directory that holds anything
+else is refused.";
 
 const DIFF_ABOUT: &str = "\
 What changed from checkpoint A to checkpoint B, one line per changed entry, sorted by
@@ -248,6 +274,25 @@ pub struct LogArgs {
     /// Only CHECKPOINT and the chain of parents it claims (`put --parent`), oldest
     /// first: one sandbox's turns in a store that several write.
     #[arg(long, value_name = "CHECKPOINT")]
+    pub lineage: Option<String>,
+    #[command(flatten)]
+    pub review: ReviewArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[arg(help = STORE_HELP)]
+    pub store: String,
+    /// The directory to write the report into.
+    pub outdir: PathBuf,
+    /// Only these checkpoints (default: all), in capture order.
+    #[arg(
+        value_name = "CHECKPOINT",
+        help = "Only these checkpoints (default: all), shown in capture order; each a sha256, a prefix of one, latest or latest~N"
+    )]
+    pub checkpoints: Vec<String>,
+    /// Only CHECKPOINT and the chain of parents it claims (`put --parent`).
+    #[arg(long, value_name = "CHECKPOINT", conflicts_with = "checkpoints")]
     pub lineage: Option<String>,
     #[command(flatten)]
     pub review: ReviewArgs,

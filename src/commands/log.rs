@@ -4,15 +4,15 @@
 //! before anything is printed; one that does not verify is shown as `FAILED` with
 //! why, the others are still shown, and the exit status is 1.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::sync::Arc;
 
 use anyhow::Result;
 use serde::Serialize;
 
-use super::review_session::Session;
-use crate::cache::{CacheError, VerifiedCheckpoint};
+use super::review_session::{Session, lineage, unreadable};
+use crate::cache::VerifiedCheckpoint;
 use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, LogArgs};
 use crate::commands::say;
@@ -162,46 +162,6 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
-}
-
-/// Why a checkpoint could not be read, when that is the checkpoint's fault (it does
-/// not verify, or its archive is refused) and not a failure to reach the store or the
-/// cache, which ends the command.
-fn unreadable(err: &anyhow::Error) -> Result<String> {
-    let own = err.chain().any(|cause| {
-        matches!(
-            cause.downcast_ref::<CacheError>(),
-            Some(CacheError::Verify(_) | CacheError::Archive(_))
-        )
-    });
-    if own {
-        let text = format!("{:#}", err.root_cause());
-        Ok(crate::printable::message(&text).into_owned())
-    } else {
-        Err(anyhow::anyhow!("{err:#}"))
-    }
-}
-
-/// The chain of parents `tip` claims, oldest first, as far as the store has them
-/// (a claimed cycle ends where it would repeat).
-fn lineage<'a>(
-    tip: &'a CheckpointInfo,
-    parents: &HashMap<&CheckpointId, Option<CheckpointId>>,
-    listed: &HashMap<&CheckpointId, &'a CheckpointInfo>,
-) -> Vec<&'a CheckpointInfo> {
-    let mut chain = vec![tip];
-    let mut seen = HashSet::from([&tip.id]);
-    while let Some(parent) = parents[&chain[chain.len() - 1].id]
-        .as_ref()
-        .and_then(|p| listed.get(p).copied())
-    {
-        if !seen.insert(&parent.id) {
-            break;
-        }
-        chain.push(parent);
-    }
-    chain.reverse();
-    chain
 }
 
 /// What a turn's line says of its parent; nothing when it claims none (its changes

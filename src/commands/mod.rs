@@ -19,6 +19,7 @@ mod ls;
 mod mount;
 mod prune;
 mod put;
+mod report;
 mod review_session;
 pub mod say;
 mod status;
@@ -46,6 +47,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Prune(args) => prune::run(&cli, args),
         Command::Mount(args) => mount::run(&cli, args),
         Command::Log(args) => log::run(&cli, args),
+        Command::Report(args) => report::run(&cli, args),
         Command::Diff(args) => diff::run(&cli, args),
         Command::Cat(args) => cat::run(&cli, args),
         Command::Find(args) => find::run(&cli, args),

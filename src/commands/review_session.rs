@@ -8,6 +8,7 @@
 //! holds it, the command says so on stderr and uses a temporary cache.
 
 use crate::commands::say;
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::path::Path;
 use std::sync::Arc;
@@ -113,6 +114,11 @@ impl Session {
             .with_context(|| format!("checkpoint {}", info.id))
     }
 
+    /// Downloads `info`'s object and checks it against its name, keeping nothing.
+    pub fn verify(&self, info: &CheckpointInfo) -> Result<(), CheckpointError> {
+        checkpoint::verify_object(self.store.as_ref(), &info.id, None, self.max_archive_size)
+    }
+
     /// The parent `info`'s metadata claims (`put --parent`), if any.
     pub fn claimed_parent(&self, info: &CheckpointInfo) -> Result<Option<CheckpointId>> {
         checkpoint::claimed_parent(self.store.as_ref(), &info.id)
@@ -133,6 +139,46 @@ impl Session {
             self.limits,
         )
     }
+}
+
+/// Why a checkpoint could not be read, when that is the checkpoint's fault (it does
+/// not verify, or its archive is refused) and not a failure to reach the store or the
+/// cache, which ends the command.
+pub(super) fn unreadable(err: &anyhow::Error) -> Result<String> {
+    let own = err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<CacheError>(),
+            Some(CacheError::Verify(_) | CacheError::Archive(_))
+        )
+    });
+    if own {
+        let text = format!("{:#}", err.root_cause());
+        Ok(crate::printable::message(&text).into_owned())
+    } else {
+        Err(anyhow::anyhow!("{err:#}"))
+    }
+}
+
+/// The chain of parents `tip` claims, oldest first, as far as the store has them
+/// (a claimed cycle ends where it would repeat).
+pub(super) fn lineage<'a>(
+    tip: &'a CheckpointInfo,
+    parents: &HashMap<&CheckpointId, Option<CheckpointId>>,
+    listed: &HashMap<&CheckpointId, &'a CheckpointInfo>,
+) -> Vec<&'a CheckpointInfo> {
+    let mut chain = vec![tip];
+    let mut seen = HashSet::from([&tip.id]);
+    while let Some(parent) = parents[&chain[chain.len() - 1].id]
+        .as_ref()
+        .and_then(|p| listed.get(p).copied())
+    {
+        if !seen.insert(&parent.id) {
+            break;
+        }
+        chain.push(parent);
+    }
+    chain.reverse();
+    chain
 }
 
 /// `--cache-dir` if it is free, else a temporary cache (bounded to nothing: entries

@@ -19,6 +19,8 @@
 //! archive limits allow an index to take.
 
 pub mod diff;
+pub mod html;
+pub mod report;
 pub mod tree;
 
 use std::sync::Arc;

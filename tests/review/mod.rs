@@ -40,6 +40,8 @@ macro_rules! both_stores {
     };
 }
 
+mod report;
+
 both_stores!(
     log_lists_each_turn_with_its_changes,
     diff_shows_every_kind_of_change_in_four_formats,

@@ -1,0 +1,528 @@
+//! `ckptfs report STORE OUTDIR [CHECKPOINT...] [--lineage CHECKPOINT]`: a static HTML
+//! history of the turns (see `REPORT_ABOUT` in the CLI, and [`crate::review::html`] for
+//! what keeps hostile names and contents text).
+//!
+//! OUTDIR holds `index.html`, `turns/<sha256>.html`, and `.ckptfs-report/`: a manifest
+//! of the turns computed so far (each by its digest and the digest it was compared
+//! with) and each one's page body. A later run reuses a body whose turn and base are
+//! the same, made by the same version: both are named by their digests, so the body
+//! cannot differ. Every turn shown is verified again in every run (downloaded and
+//! hashed), so that the report's integrity section speaks of that run; only the diffs
+//! are not recomputed. Turns that failed are never reused.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::review_session::{Session, lineage, unreadable};
+use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointInfo, Exact};
+use crate::cli::{Cli, ReportArgs};
+use crate::commands::say;
+use crate::review::diff::PatchBudget;
+use crate::review::html::{self, ChartTurn, Lines, PAGE_END, page_start};
+use crate::review::report::{self, TurnStats};
+
+/// Where a report keeps what later runs reuse.
+const STATE: &str = ".ckptfs-report";
+const MANIFEST: &str = "manifest.json";
+/// Bumped when the pages' bodies change shape.
+const FORMAT: u32 = 1;
+
+#[derive(Serialize, Deserialize, Default)]
+struct Manifest {
+    format: u32,
+    version: String,
+    /// By sha256.
+    turns: BTreeMap<String, Computed>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Computed {
+    /// The sha256 the turn was compared with.
+    base: Option<String>,
+    stats: TurnStats,
+}
+
+/// One turn as the pages show it.
+struct Row<'a> {
+    info: &'a CheckpointInfo,
+    /// The parent its metadata claims, whether or not the store has it.
+    parent: Option<CheckpointId>,
+    /// What it was compared with: its parent when the store has it, else the last
+    /// turn before it that verified.
+    base: Option<&'a CheckpointInfo>,
+    /// Its counts, or why it did not verify.
+    outcome: Result<TurnStats, String>,
+}
+
+pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
+    let session = Session::open(cli, &args.store, &args.review, Exact::All)?;
+    let parents: HashMap<&CheckpointId, Option<CheckpointId>> = session
+        .listing
+        .iter()
+        .map(|info| Ok((&info.id, session.claimed_parent(info)?)))
+        .collect::<Result<_>>()?;
+    let listed: HashMap<&CheckpointId, &CheckpointInfo> = session
+        .listing
+        .iter()
+        .map(|info| (&info.id, info))
+        .collect();
+    let shown = chosen(&session, args, &parents, &listed)?;
+    let outdir = prepare(&args.outdir)?;
+    let mut manifest = read_manifest(&outdir);
+    let started = SystemTime::now();
+    let mut budget = PatchBudget::default();
+    let (mut computed, mut reused) = (0, 0);
+    let mut verified: HashSet<&CheckpointId> = HashSet::new();
+    let mut walked: HashSet<&CheckpointId> = HashSet::new();
+    let mut previous: Option<&CheckpointInfo> = None;
+    let mut rows = Vec::with_capacity(shown.len());
+    for (n, &info) in shown.iter().enumerate() {
+        let _shown = super::spinner(format!(
+            "report: turn {} of {} ({})",
+            n + 1,
+            shown.len(),
+            info.id.short()
+        ));
+        let parent = parents[&info.id].clone();
+        let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
+        let base = match listed_parent {
+            Some(p) if verified.contains(&p.id) => Some(p),
+            Some(p) if !walked.contains(&p.id) && verifies(&session, p)? => Some(p),
+            _ => previous,
+        };
+        let base_id = base.map(|b| b.id.as_str().to_owned());
+        let key = info.id.as_str();
+        let earlier = manifest
+            .turns
+            .get(key)
+            .filter(|c| c.base == base_id && body_path(&outdir, &info.id).is_file())
+            .cloned();
+        let outcome = match earlier {
+            Some(earlier) => match session.verify(info) {
+                Ok(()) => {
+                    reused += 1;
+                    Ok(earlier.stats)
+                }
+                Err(CheckpointError::Verify { failure, .. }) => {
+                    Err(crate::printable::message(&failure.to_string()).into_owned())
+                }
+                Err(e) => return Err(e).with_context(|| format!("checkpoint {}", info.id)),
+            },
+            None => match session.load(info) {
+                Err(e) => Err(unreadable(&e)?),
+                Ok(checkpoint) => {
+                    let base_checkpoint = base.map(|b| session.load(b)).transpose()?;
+                    let body = report::turn(base_checkpoint.as_deref(), &checkpoint, &mut budget)
+                        .with_context(|| format!("cannot read checkpoint {}", info.id))?;
+                    write_file(&body_path(&outdir, &info.id), body.html.as_bytes())?;
+                    manifest.turns.insert(
+                        key.to_owned(),
+                        Computed {
+                            base: base_id,
+                            stats: body.stats,
+                        },
+                    );
+                    computed += 1;
+                    session.trim(&[&info.id]);
+                    Ok(body.stats)
+                }
+            },
+        };
+        if outcome.is_ok() {
+            verified.insert(&info.id);
+            previous = Some(info);
+        }
+        walked.insert(&info.id);
+        rows.push(Row {
+            info,
+            parent,
+            base,
+            outcome,
+        });
+    }
+    let finished = SystemTime::now();
+    write_file(
+        &outdir.join(STATE).join(MANIFEST),
+        &serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    let when = Verified { started, finished };
+    for (i, row) in rows.iter().enumerate() {
+        let page = turn_page(&outdir, &rows, i, &when)?;
+        write_file(&turn_path(&outdir, &row.info.id), page.as_bytes())?;
+    }
+    write_file(
+        &outdir.join("index.html"),
+        index_page(&args.store, &rows, &when).as_bytes(),
+    )?;
+    remove_stale_pages(&outdir, &rows)?;
+    let failed = rows.iter().filter(|r| r.outcome.is_err()).count();
+    say::note!(
+        "wrote {} ({} turns: {computed} computed, {reused} taken from the earlier report, \
+         {failed} FAILED)",
+        outdir.join("index.html").display(),
+        rows.len()
+    );
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+/// The turns to show, in capture order.
+fn chosen<'a>(
+    session: &'a Session,
+    args: &ReportArgs,
+    parents: &HashMap<&CheckpointId, Option<CheckpointId>>,
+    listed: &HashMap<&CheckpointId, &'a CheckpointInfo>,
+) -> Result<Vec<&'a CheckpointInfo>> {
+    if let Some(given) = &args.lineage {
+        let tip = session.resolve(given)?;
+        let Some(&tip) = listed.get(&tip.id) else {
+            bail!(
+                "--lineage {given}: checkpoint {} is not listed in the store",
+                tip.id
+            );
+        };
+        return Ok(lineage(tip, parents, listed));
+    }
+    if args.checkpoints.is_empty() {
+        return Ok(session.listing.iter().collect());
+    }
+    let mut wanted = HashSet::new();
+    for given in &args.checkpoints {
+        let info = session.resolve(given)?;
+        if !listed.contains_key(&info.id) {
+            bail!("{given}: checkpoint {} is not listed in the store", info.id);
+        }
+        wanted.insert(info.id);
+    }
+    Ok(session
+        .listing
+        .iter()
+        .filter(|info| wanted.contains(&info.id))
+        .collect())
+}
+
+/// Whether a checkpoint outside the turns shown verifies (to compare with it).
+fn verifies(session: &Session, info: &CheckpointInfo) -> Result<bool> {
+    match session.verify(info) {
+        Ok(()) => Ok(true),
+        Err(CheckpointError::Verify { .. }) => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("checkpoint {}", info.id)),
+    }
+}
+
+/// Makes OUTDIR and its folders; refuses a directory that holds anything but a report.
+fn prepare(outdir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(outdir)
+        .with_context(|| format!("cannot make the report directory {}", outdir.display()))?;
+    let is_report = outdir.join(STATE).join(MANIFEST).is_file();
+    let empty = fs::read_dir(outdir)
+        .with_context(|| format!("cannot read {}", outdir.display()))?
+        .next()
+        .is_none();
+    if !empty && !is_report {
+        bail!(
+            "{} is not empty and holds no ckptfs report: give a new or empty directory \
+             (a report writes index.html and turns/ there)",
+            outdir.display()
+        );
+    }
+    for dir in [outdir.join(STATE), outdir.join("turns")] {
+        fs::create_dir_all(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
+    }
+    Ok(outdir.to_owned())
+}
+
+/// The earlier report's manifest; an empty one when there is none, or when another
+/// version made it.
+fn read_manifest(outdir: &Path) -> Manifest {
+    let fresh = Manifest {
+        format: FORMAT,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        turns: BTreeMap::new(),
+    };
+    let Ok(bytes) = fs::read(outdir.join(STATE).join(MANIFEST)) else {
+        return fresh;
+    };
+    match serde_json::from_slice::<Manifest>(&bytes) {
+        Ok(m) if m.format == fresh.format && m.version == fresh.version => m,
+        Ok(_) => {
+            say::note!(
+                "the earlier report was made by another version: every turn is computed again"
+            );
+            fresh
+        }
+        Err(e) => {
+            say::note!(
+                "the earlier report's manifest cannot be read ({e}): every turn is computed again"
+            );
+            fresh
+        }
+    }
+}
+
+fn body_path(outdir: &Path, id: &CheckpointId) -> PathBuf {
+    outdir.join(STATE).join(format!("{}.html", id.as_str()))
+}
+
+fn turn_path(outdir: &Path, id: &CheckpointId) -> PathBuf {
+    outdir.join("turns").join(format!("{}.html", id.as_str()))
+}
+
+/// Writes `path` whole or not at all (a temporary file renamed over it).
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("report files are in a directory");
+    // Readable as a web page is (the umask still applies).
+    let mut file = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write in {}", dir.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Deletes the turn pages of turns this report does not show (a narrower run).
+fn remove_stale_pages(outdir: &Path, rows: &[Row<'_>]) -> Result<()> {
+    let shown: HashSet<String> = rows
+        .iter()
+        .map(|r| format!("{}.html", r.info.id.as_str()))
+        .collect();
+    let dir = outdir.join("turns");
+    for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ours = name
+            .strip_suffix(".html")
+            .is_some_and(|stem| CheckpointId::parse(stem).is_some());
+        if ours && !shown.contains(name) {
+            fs::remove_file(dir.join(name))
+                .with_context(|| format!("cannot remove {}", dir.join(name).display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// When this run verified the turns.
+struct Verified {
+    started: SystemTime,
+    finished: SystemTime,
+}
+
+fn time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn turn_link(info: &CheckpointInfo) -> String {
+    format!("{}.html", info.id.as_str())
+}
+
+/// What a turn was compared with, as a sentence of HTML; `prefix` leads to the turn
+/// pages from where the sentence is shown.
+fn compared_with(row: &Row<'_>, prefix: &str) -> String {
+    let link = |info: &CheckpointInfo| {
+        format!(
+            "<a class=\"mono\" href=\"{prefix}{}\">{}</a>",
+            turn_link(info),
+            info.id.short()
+        )
+    };
+    match (&row.parent, row.base) {
+        (Some(parent), Some(base)) if base.id == *parent => {
+            format!("its parent {} (from metadata)", link(base))
+        }
+        (Some(parent), base) => format!(
+            "{} (its parent {} from metadata is not in the store)",
+            base.map_or("nothing".to_owned(), |b| format!(
+                "the turn before, {}",
+                link(b)
+            )),
+            parent.short()
+        ),
+        (None, Some(base)) => format!("the turn before, {}", link(base)),
+        (None, None) => "nothing (everything is added)".to_owned(),
+    }
+}
+
+/// A size as people read it, and in bytes when that rounds.
+fn size_in_full(size: u64) -> String {
+    match html::bytes(size) {
+        shown if size < 1024 => shown,
+        shown => format!("{shown} ({size} bytes)"),
+    }
+}
+
+fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Result<String> {
+    let row = &rows[i];
+    let id = &row.info.id;
+    let mut out = page_start(&format!("turn {} · ckptfs report", id.short()));
+    out.push_str("<nav><a href=\"../index.html\">All turns</a>");
+    if let Some(before) = i.checked_sub(1).map(|j| rows[j].info) {
+        let _ = write!(
+            out,
+            "<a href=\"{}\">&larr; turn {} ({})</a>",
+            turn_link(before),
+            i,
+            before.id.short()
+        );
+    }
+    if let Some(after) = rows.get(i + 1).map(|r| r.info) {
+        let _ = write!(
+            out,
+            "<a href=\"{}\">turn {} ({}) &rarr;</a>",
+            turn_link(after),
+            i + 2,
+            after.id.short()
+        );
+    }
+    out.push_str("</nav>\n");
+    let _ = write!(
+        out,
+        "<h1>Turn {} of {}: <span class=\"mono\">{}</span></h1>\n<div class=\"scroll\"><table>\
+         <tr><th>sha256</th><td class=\"mono\">{}</td></tr>\
+         <tr><th>stored</th><td>{}</td></tr>\
+         <tr><th>object size</th><td>{}</td></tr>\
+         <tr><th>compared with</th><td>{}</td></tr>",
+        i + 1,
+        rows.len(),
+        id.short(),
+        id.as_str(),
+        time(row.info.last_modified),
+        size_in_full(row.info.size),
+        compared_with(row, ""),
+    );
+    match &row.outcome {
+        Ok(stats) => {
+            let _ = writeln!(
+                out,
+                "<tr><th>workspace</th><td>{} files, {}</td></tr>\
+                 <tr><th>verified</th><td>downloaded and hashed against its name \
+                 between {} and {}</td></tr></table></div>",
+                stats.files,
+                html::bytes(stats.unpacked_bytes),
+                time(when.started),
+                time(when.finished)
+            );
+            let body_file = body_path(outdir, id);
+            let body = fs::read_to_string(&body_file)
+                .with_context(|| format!("cannot read {}", body_file.display()))?;
+            out.push_str(&body);
+        }
+        Err(reason) => {
+            let _ = write!(
+                out,
+                "<tr><th>verified</th><td class=\"bad\">FAILED: {}</td></tr></table></div>\n\
+                 <p>Nothing of this checkpoint is shown: it did not verify.</p>\n",
+                html::text(reason)
+            );
+        }
+    }
+    out.push_str(PAGE_END);
+    Ok(out)
+}
+
+fn index_page(store: &str, rows: &[Row<'_>], when: &Verified) -> String {
+    let failed: Vec<&Row<'_>> = rows.iter().filter(|r| r.outcome.is_err()).collect();
+    let mut out = page_start("ckptfs report");
+    let _ = write!(
+        out,
+        "<h1>Checkpoint history</h1>\n<p>Store <code>{}</code> &middot; {} turns &middot; \
+         made {} by ckptfs {}</p>\n<h2>Integrity</h2>\n<p>Every checkpoint below was \
+         downloaded and hashed against its name (its SHA-256 and size) while this report \
+         was made, between {} and {}: {} verified, {}.</p>\n",
+        html::text(store),
+        rows.len(),
+        time(when.finished),
+        env!("CARGO_PKG_VERSION"),
+        time(when.started),
+        time(when.finished),
+        rows.len() - failed.len(),
+        if failed.is_empty() {
+            "none failed".to_owned()
+        } else {
+            format!("<span class=\"bad\">{} FAILED</span>", failed.len())
+        }
+    );
+    if !failed.is_empty() {
+        out.push_str("<ul>");
+        for row in &failed {
+            let _ = write!(
+                out,
+                "<li><a class=\"mono\" href=\"turns/{}\">{}</a>: <span class=\"bad\">FAILED</span> {}</li>",
+                turn_link(row.info),
+                row.info.id.short(),
+                html::text(row.outcome.as_ref().err().map_or("", String::as_str))
+            );
+        }
+        out.push_str("</ul>\n");
+    }
+    let chart: Vec<ChartTurn> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let stats = row.outcome.as_ref().ok();
+            ChartTurn {
+                size: stats.map_or(0, |s| s.unpacked_bytes),
+                lines: Lines {
+                    added: stats.map_or(0, |s| s.lines_added),
+                    removed: stats.map_or(0, |s| s.lines_removed),
+                },
+                label: format!("turn {} ({})", i + 1, row.info.id.short()),
+            }
+        })
+        .collect();
+    out.push_str("<h2>Turns</h2>\n");
+    out.push_str(&html::chart(&chart));
+    out.push_str(
+        "<div class=\"scroll\"><table>\n<tr><th class=\"num\">#</th><th>stored</th>\
+         <th>sha256</th><th class=\"num\">size</th><th class=\"num\">files</th>\
+         <th class=\"num\">added</th><th class=\"num\">modified</th>\
+         <th class=\"num\">removed</th><th class=\"num\">renamed</th>\
+         <th class=\"num\">lines</th><th>compared with</th></tr>\n",
+    );
+    for (i, row) in rows.iter().enumerate() {
+        let _ = write!(
+            out,
+            "<tr><td class=\"num\">{}</td><td>{}</td>\
+             <td><a class=\"mono\" href=\"turns/{}\">{}</a></td><td class=\"num\">{}</td>",
+            i + 1,
+            time(row.info.last_modified),
+            turn_link(row.info),
+            row.info.id.short(),
+            html::bytes(row.info.size),
+        );
+        match &row.outcome {
+            Ok(s) => {
+                let _ = writeln!(
+                    out,
+                    "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                     <td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                     <td class=\"num\">+{} &minus;{}</td><td>{}</td></tr>",
+                    s.files,
+                    s.added,
+                    s.modified,
+                    s.removed,
+                    s.renamed,
+                    s.lines_added,
+                    s.lines_removed,
+                    compared_with(row, "turns/")
+                );
+            }
+            Err(_) => {
+                out.push_str(
+                    "<td colspan=\"7\" class=\"bad\">FAILED (see the integrity section)</td></tr>\n",
+                );
+            }
+        }
+    }
+    out.push_str("</table></div>\n");
+    out.push_str(PAGE_END);
+    out
+}
