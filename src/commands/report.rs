@@ -324,12 +324,11 @@ fn turn_link(info: &CheckpointInfo) -> String {
     format!("{}.html", info.id.as_str())
 }
 
-/// What a turn was compared with, as a sentence of HTML; `prefix` leads to the turn
-/// pages from where the sentence is shown.
-fn compared_with(row: &Row<'_>, prefix: &str) -> String {
+/// What a turn was compared with, as a sentence of HTML for its page.
+fn compared_with(row: &Row<'_>) -> String {
     let link = |info: &CheckpointInfo| {
         format!(
-            "<a class=\"mono\" href=\"{prefix}{}\">{}</a>",
+            "<a class=\"mono\" href=\"{}\">{}</a>",
             turn_link(info),
             info.id.short()
         )
@@ -357,6 +356,22 @@ fn size_in_full(size: u64) -> String {
         shown if size < 1024 => shown,
         shown => format!("{shown} ({size} bytes)"),
     }
+}
+
+/// [`compared_with`] in a word and a link, for the index's table.
+fn compared_briefly(row: &Row<'_>) -> String {
+    let Some(base) = row.base else {
+        return "nothing".to_owned();
+    };
+    let word = match &row.parent {
+        Some(parent) if *parent == base.id => "parent",
+        _ => "turn before",
+    };
+    format!(
+        "{word} <a class=\"mono\" href=\"turns/{}\">{}</a>",
+        turn_link(base),
+        base.id.short()
+    )
 }
 
 fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Result<String> {
@@ -396,7 +411,7 @@ fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Resu
         id.as_str(),
         time(row.info.last_modified),
         size_in_full(row.info.size),
-        compared_with(row, ""),
+        compared_with(row),
     );
     match &row.outcome {
         Ok(stats) => {
@@ -512,7 +527,7 @@ fn index_page(store: &str, rows: &[Row<'_>], when: &Verified) -> String {
                     s.renamed,
                     s.lines_added,
                     s.lines_removed,
-                    compared_with(row, "turns/")
+                    compared_briefly(row)
                 );
             }
             Err(_) => {

@@ -800,6 +800,8 @@ fn the_readmes_first_session_runs_as_written() {
         .filter(|l| l.contains(" bytes ") && l.contains(" files "))
         .count();
     assert_eq!(turns, 2, "{out}");
+    let index = fs::read_to_string(work.path().join("tmp/review/index.html")).unwrap();
+    assert!(index.contains("2 verified, none failed"), "{index}");
     assert!(
         mount_entry(&work.path().join("mnt/ckpt")).is_none(),
         "left mounted"
