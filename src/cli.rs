@@ -459,10 +459,16 @@ pub struct VerifyArgs {
     #[arg(value_name = "CHECKPOINT")]
     pub sha256: Vec<String>,
     /// Also read the bucket's versions: report every checkpoint hidden by a delete
-    /// (HIDDEN) and every version of a name with other bytes (TAMPERED). Needs a
-    /// versioned bucket; downloads every version.
+    /// (HIDDEN), every version of a name with other bytes (TAMPERED) and every version
+    /// that could not be read (UNREADABLE). Needs a versioned bucket; downloads each
+    /// version, up to --max-versions per name.
     #[arg(long, conflicts_with = "sha256")]
     pub history: bool,
+    /// With --history: the versions of one name downloaded at most, the current one
+    /// and the newest (a writer can pile versions on a name); the older ones are
+    /// reported as NOT CHECKED.
+    #[arg(long, default_value_t = 32, value_name = "N", requires = "history")]
+    pub max_versions: usize,
 }
 
 #[derive(Debug, Args)]

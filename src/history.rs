@@ -34,6 +34,17 @@ pub enum Finding {
         current: bool,
         reason: String,
     },
+    /// A version could not be read (the store refused it, or it went away since the
+    /// listing): nothing can be said of its bytes.
+    Unreadable {
+        id: CheckpointId,
+        version_id: String,
+        stored_at: SystemTime,
+        reason: String,
+    },
+    /// The name has more versions than `examine` downloads: the `skipped` oldest were
+    /// not checked.
+    Unexamined { id: CheckpointId, skipped: usize },
 }
 
 /// The versions of each checkpoint name (of `id`'s only, if given), the current one
@@ -67,10 +78,15 @@ pub fn versions_by_checkpoint(
 }
 
 /// Every hidden checkpoint and every version with other bytes than its name, each
-/// version verified by its bytes. `None` when the store keeps no versions.
+/// version verified by its bytes; at most `max_versions` versions of one name (the
+/// current one and the newest: whoever can write the bucket can pile versions on a
+/// name, and each costs a download), the rest reported as not examined. A version
+/// that cannot be read is reported and the others still examined; only a failure to
+/// list the versions ends it. `None` when the store keeps no versions.
 pub fn examine(
     store: &dyn ObjectStore,
     max_size: u64,
+    max_versions: usize,
 ) -> Result<Option<Vec<Finding>>, CheckpointError> {
     let Some(by_id) = versions_by_checkpoint(store, None)? else {
         return Ok(None);
@@ -82,10 +98,18 @@ pub fn examine(
             .filter(|v| v.delete_marker)
             .map(|v| v.last_modified);
         let mut restorable = None;
-        for (i, version) in versions.iter().enumerate() {
-            if version.delete_marker {
-                continue;
-            }
+        let stored: Vec<(usize, &ObjectVersion)> = versions
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.delete_marker)
+            .collect();
+        if stored.len() > max_versions {
+            findings.push(Finding::Unexamined {
+                id: id.clone(),
+                skipped: stored.len() - max_versions,
+            });
+        }
+        for &(i, version) in stored.iter().take(max_versions) {
             match checkpoint::verify_object(store, &id, Some(&version.version_id), max_size) {
                 Ok(()) => {
                     if restorable.is_none() {
@@ -99,7 +123,12 @@ pub fn examine(
                     current: i == 0,
                     reason: failure.to_string(),
                 }),
-                Err(other) => return Err(other),
+                Err(other) => findings.push(Finding::Unreadable {
+                    id: id.clone(),
+                    version_id: version.version_id.clone(),
+                    stored_at: version.last_modified,
+                    reason: other.to_string(),
+                }),
             }
         }
         if let Some(deleted_at) = hidden_at {
@@ -213,5 +242,144 @@ impl ObjectStore for AtVersion<'_> {
         version_id: &str,
     ) -> Result<crate::store::ObjectReader, StoreError> {
         self.inner.get_version(name, version_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io;
+    use std::path::Path;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+    use crate::store::{ObjectInfo, ObjectMeta, ObjectReader, Progress, PutMode, PutOutcome};
+
+    /// A versioned bucket in memory holding one name; a version without bytes cannot
+    /// be read (the store refuses it).
+    struct Versions {
+        name: String,
+        /// Current first, then newest first.
+        versions: Vec<(&'static str, Option<&'static [u8]>)>,
+    }
+
+    impl ObjectStore for Versions {
+        fn describe(&self) -> String {
+            "versions in memory".into()
+        }
+        fn list(&self) -> Result<Vec<ObjectInfo>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn get(&self, name: &str) -> Result<ObjectReader, StoreError> {
+            Err(StoreError::NotFound { name: name.into() })
+        }
+        fn exists(&self, _: &str) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        fn head(&self, name: &str) -> Result<ObjectMeta, StoreError> {
+            Err(StoreError::NotFound { name: name.into() })
+        }
+        fn put(
+            &self,
+            _: &str,
+            _: &Path,
+            _: &BTreeMap<String, String>,
+            _: PutMode,
+            _: Progress<'_>,
+        ) -> Result<PutOutcome, StoreError> {
+            unreachable!("examine only reads")
+        }
+        fn refresh(&self, _: &str, _: &BTreeMap<String, String>) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn delete(&self, _: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn versions(&self, _: Option<&str>) -> Result<Option<Vec<ObjectVersion>>, StoreError> {
+            let stored = |i: usize, (id, bytes): &(&str, Option<&[u8]>)| ObjectVersion {
+                name: self.name.clone(),
+                version_id: (*id).into(),
+                size: bytes.map_or(0, |b| b.len() as u64),
+                last_modified: UNIX_EPOCH + Duration::from_secs(100 - i as u64),
+                delete_marker: false,
+                is_latest: i == 0,
+            };
+            Ok(Some(
+                self.versions
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| stored(i, v))
+                    .collect(),
+            ))
+        }
+        fn get_version(&self, name: &str, version_id: &str) -> Result<ObjectReader, StoreError> {
+            let (_, bytes) = self
+                .versions
+                .iter()
+                .find(|(id, _)| *id == version_id)
+                .expect("a listed version");
+            match bytes {
+                Some(bytes) => Ok(ObjectReader {
+                    meta: ObjectMeta {
+                        length: bytes.len() as u64,
+                        metadata: BTreeMap::new(),
+                    },
+                    body: Box::new(io::Cursor::new(bytes.to_vec())),
+                }),
+                None => Err(StoreError::Remote {
+                    operation: "GetObject",
+                    name: name.into(),
+                    message: "AccessDenied".into(),
+                }),
+            }
+        }
+    }
+
+    const GOOD: &[u8] = b"the checkpoint's bytes";
+
+    fn store() -> (Versions, CheckpointId) {
+        let id = CheckpointId::parse(&hex::encode(Sha256::digest(GOOD))).unwrap();
+        let versions = vec![
+            ("v4", Some(GOOD)),
+            ("v3", None),
+            ("v2", Some(&b"other bytes"[..])),
+            ("v1", Some(GOOD)),
+        ];
+        let name = id.object_name();
+        (Versions { name, versions }, id)
+    }
+
+    #[test]
+    fn a_version_that_cannot_be_read_is_reported_and_the_others_examined() {
+        let (store, id) = store();
+        let findings = examine(&store, 1 << 20, 32).unwrap().unwrap();
+        assert!(
+            matches!(
+                &findings[..],
+                [
+                    Finding::Unreadable { id: a, version_id: v3, reason, .. },
+                    Finding::Tampered { id: b, version_id: v2, current: false, .. },
+                ] if a == &id && b == &id && v3 == "v3" && v2 == "v2" && reason.contains("AccessDenied")
+            ),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn versions_past_the_bound_are_not_downloaded_and_are_reported() {
+        let (store, id) = store();
+        let findings = examine(&store, 1 << 20, 2).unwrap().unwrap();
+        assert!(
+            matches!(
+                &findings[..],
+                [
+                    Finding::Unexamined { id: a, skipped: 2 },
+                    Finding::Unreadable { version_id: v3, .. },
+                ] if a == &id && v3 == "v3"
+            ),
+            "{findings:?}"
+        );
     }
 }

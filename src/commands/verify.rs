@@ -49,7 +49,12 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
         }
     }
     if args.history {
-        failed += report_history(store.as_ref(), cli.max_archive_size, &mut out)?;
+        failed += report_history(
+            store.as_ref(),
+            cli.max_archive_size,
+            args.max_versions,
+            &mut out,
+        )?;
     }
     out.flush()?;
     if failed > 0 {
@@ -64,9 +69,14 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<i32> {
 /// (the current one is counted by its FAILED line already), or a hidden checkpoint
 /// no version of which verifies. A hidden checkpoint that still verifies (pruned, or
 /// deleted by anyone) is listed, not a failure: `prune` makes them every day.
-fn report_history(store: &dyn ObjectStore, max_size: u64, out: &mut impl Write) -> Result<usize> {
+fn report_history(
+    store: &dyn ObjectStore,
+    max_size: u64,
+    max_versions: usize,
+    out: &mut impl Write,
+) -> Result<usize> {
     let time = |t| humantime::format_rfc3339_seconds(t);
-    let Some(findings) = history::examine(store, max_size)? else {
+    let Some(findings) = history::examine(store, max_size, max_versions)? else {
         bail!(
             "{} keeps no versions: --history needs a bucket with versioning (see the README)",
             store.describe()
@@ -105,6 +115,21 @@ fn report_history(store: &dyn ObjectStore, max_size: u64, out: &mut impl Write) 
                 time(*stored_at),
                 if *current { " (the current one)" } else { "" }
             )?,
+            Finding::Unreadable {
+                id,
+                version_id,
+                stored_at,
+                reason,
+            } => writeln!(
+                out,
+                "{id} UNREADABLE: version {version_id} stored {}: {}",
+                time(*stored_at),
+                crate::printable::message(reason)
+            )?,
+            Finding::Unexamined { id, skipped } => writeln!(
+                out,
+                "{id} NOT CHECKED: {skipped} older versions past --max-versions {max_versions}"
+            )?,
         }
     }
     let problems = findings
@@ -117,6 +142,8 @@ fn report_history(store: &dyn ObjectStore, max_size: u64, out: &mut impl Write) 
                         restorable: None,
                         ..
                     }
+                    | Finding::Unreadable { .. }
+                    | Finding::Unexamined { .. }
             )
         })
         .count();

@@ -1307,6 +1307,15 @@ fn s3_a_locked_history_shows_deleted_and_overwritten_checkpoints() {
         line(&format!("{sha_two} FAILED: ")).contains("mismatch"),
         "{history}"
     );
+    // A bound on the versions downloaded per name: the older ones are reported.
+    let bounded = store.cmd("verify", ["--history", "--max-versions", "1"]);
+    assert_eq!(bounded.status.code(), Some(1), "{bounded}");
+    assert!(
+        bounded.stdout.contains(&format!(
+            "{sha_two} NOT CHECKED: 1 older versions past --max-versions 1"
+        )),
+        "{bounded}"
+    );
 
     // Both restore byte for byte from the versions that verify.
     for (sha, tree) in [(&sha_one, &one), (&sha_two, &two)] {
