@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use lru::LruCache;
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -48,13 +48,26 @@ enum Handle {
         start: u64,
         size: u64,
     },
+    /// A file of its own, opened past [`HELD_FILES`]: read as reads without a handle
+    /// are, through a few files kept open for all, so that readers holding many files
+    /// open cannot run the daemon out of descriptors. No passthrough.
+    Unheld {
+        checkpoint: Arc<VerifiedCheckpoint>,
+        node: u32,
+    },
 }
+
+/// Handles that hold a descriptor of their own at most (each reader's open file of
+/// 16 KiB or more holds one; with `--allow-other`, any user's).
+const HELD_FILES: usize = if cfg!(test) { 2 } else { 16_384 };
 
 pub struct Checkpoints {
     catalog: Arc<Catalog>,
     loader: Arc<Loader>,
     owners: Owners,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// How many of `handles` are [`Handle::Own`].
+    held: AtomicUsize,
     next_fh: AtomicU64,
     /// Own files read without an open (see `read_unopened`), kept open a while.
     unopened: Mutex<LruCache<u64, Arc<File>>>,
@@ -89,6 +102,7 @@ impl Checkpoints {
             loader,
             owners,
             handles: Mutex::new(HashMap::new()),
+            held: AtomicUsize::new(0),
             next_fh: AtomicU64::new(1),
             unopened: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(UNOPENED_FILES).expect("non-zero"),
@@ -332,11 +346,20 @@ impl Subtree for Checkpoints {
             return Err(FsError::IsADirectory);
         };
         let (handle, backing) = match location {
+            FileLocation::Own if self.held.fetch_add(1, Ordering::Relaxed) >= HELD_FILES => {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+                (Handle::Unheld { checkpoint, node }, None)
+            }
             FileLocation::Own => {
-                let file = checkpoint.open_own(node).map_err(FsError::Io)?;
-                let backing = file.try_clone().map_err(FsError::Io)?;
-                let handle = Handle::Own { file, checkpoint };
-                (handle, Some(backing))
+                let opened = checkpoint.open_own(node).and_then(|file| {
+                    let backing = file.try_clone()?;
+                    Ok((file, backing))
+                });
+                let (file, backing) = opened.map_err(|e| {
+                    self.held.fetch_sub(1, Ordering::Relaxed);
+                    FsError::Io(e)
+                })?;
+                (Handle::Own { file, checkpoint }, Some(backing))
             }
             FileLocation::Packed { offset } => (
                 Handle::Packed {
@@ -372,6 +395,9 @@ impl Subtree for Checkpoints {
             Handle::Own { file, .. } => {
                 crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
             }
+            Handle::Unheld { checkpoint, node } => {
+                self.read_unopened(*node, checkpoint, ino, offset, size)
+            }
             Handle::Packed {
                 checkpoint,
                 start,
@@ -391,6 +417,7 @@ impl Subtree for Checkpoints {
         }
         let handle = self.handle(fh)?;
         let (file, start, size, from) = match &*handle {
+            Handle::Unheld { .. } => return self.copy_source_unopened(ino),
             Handle::Own { file, checkpoint } => (file, 0, u64::MAX, checkpoint),
             Handle::Packed {
                 checkpoint,
@@ -407,7 +434,10 @@ impl Subtree for Checkpoints {
     }
 
     fn release(&self, fh: u64) {
-        self.handles.lock().expect("handles lock").remove(&fh);
+        let removed = self.handles.lock().expect("handles lock").remove(&fh);
+        if removed.is_some_and(|h| matches!(*h, Handle::Own { .. })) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn refusal(&self, _ino: u64) -> FsError {

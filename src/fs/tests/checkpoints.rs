@@ -313,3 +313,42 @@ fn a_reader_going_through_files_in_order_finds_the_next_ones_pushed() {
         ["f31", "f32", "f33", "f34"]
     );
 }
+
+/// Readers holding many large files open (any user's, with `--allow-other`) cannot run
+/// the daemon out of descriptors: past a bound, a handle holds none of its own and
+/// reads through the files kept for reads without a handle (attacker review, issue 24).
+#[test]
+fn handles_past_the_bound_hold_no_descriptor_and_still_read() {
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let (f, ids) = fixture(&[&[("big", &big)]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let ino = f.fs.lookup(dir, b"big").unwrap().attr.ino;
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let opened: Vec<_> = (0..6)
+        .map(|_| f.fs.open(ino, libc::O_RDONLY).unwrap())
+        .collect();
+    // The first two hold a descriptor (and offer passthrough); the others do not.
+    let backed: Vec<bool> = opened.iter().map(|o| o.backing.is_some()).collect();
+    assert_eq!(backed, [true, true, false, false, false, false]);
+    let before = fds();
+    let more: Vec<_> = (0..50)
+        .map(|_| f.fs.open(ino, libc::O_RDONLY).unwrap())
+        .collect();
+    // (Other tests run beside this one and open files too: a margin.)
+    assert!(
+        fds() < before + 20,
+        "{} descriptors for 50 opens",
+        fds() - before
+    );
+    for o in opened.iter().chain(&more) {
+        assert_eq!(f.fs.read(ino, o.fh, 1000, 10).unwrap(), big[1000..1010]);
+    }
+    for o in opened.into_iter().chain(more) {
+        f.fs.release(o.fh);
+    }
+    // Released, the bound is free again.
+    let again = f.fs.open(ino, libc::O_RDONLY).unwrap();
+    assert!(again.backing.is_some());
+    f.fs.release(again.fh);
+}
