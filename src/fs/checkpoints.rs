@@ -370,6 +370,9 @@ impl Subtree for Checkpoints {
                 None,
             ),
         };
+        // An inode that others read by passthrough refuses cached opens beside them;
+        // direct I/O may coexist.
+        let direct_io = matches!(handle, Handle::Unheld { .. });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles
             .lock()
@@ -379,7 +382,7 @@ impl Subtree for Checkpoints {
             fh,
             backing,
             keep_cache: true,
-            direct_io: false,
+            direct_io,
         })
     }
 

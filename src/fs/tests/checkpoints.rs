@@ -331,6 +331,9 @@ fn handles_past_the_bound_hold_no_descriptor_and_still_read() {
     // The first two hold a descriptor (and offer passthrough); the others do not.
     let backed: Vec<bool> = opened.iter().map(|o| o.backing.is_some()).collect();
     assert_eq!(backed, [true, true, false, false, false, false]);
+    // Direct I/O, which the kernel lets coexist with the passthrough opens.
+    let direct: Vec<bool> = opened.iter().map(|o| o.direct_io).collect();
+    assert_eq!(direct, [false, false, true, true, true, true]);
     let before = fds();
     let more: Vec<_> = (0..50)
         .map(|_| f.fs.open(ino, libc::O_RDONLY).unwrap())
