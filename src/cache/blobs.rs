@@ -165,7 +165,11 @@ fn digest_of_name(name: &std::ffi::OsStr) -> Option<[u8; 32]> {
 /// blob's name as they were written, so this proves the blob still holds them,
 /// without hashing it again.
 fn same_bytes(a: &Path, b: &Path) -> io::Result<bool> {
-    let (mut a, mut b) = (File::open(a)?, File::open(b)?);
+    same_contents(File::open(a)?, File::open(b)?)
+}
+
+/// Whether two readers give the same bytes, read to the end of the shorter.
+pub(crate) fn same_contents(mut a: impl Read, mut b: impl Read) -> io::Result<bool> {
     // On the stack: zeroed fresh heap buffers cost more than the comparison.
     let (mut x, mut y) = ([0u8; 64 << 10], [0u8; 64 << 10]);
     loop {
@@ -192,10 +196,11 @@ fn holds(path: &Path, data: &[u8]) -> io::Result<bool> {
     Ok(read_full(&mut file, &mut buf[..1])? == 0)
 }
 
-fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+/// Reads until `buf` is full or the end; how much was read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
-        match file.read(&mut buf[filled..])? {
+        match r.read(&mut buf[filled..])? {
             0 => break,
             n => filled += n,
         }

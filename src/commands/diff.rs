@@ -12,7 +12,7 @@ use crate::archive::index::{Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 use crate::cli::{Cli, DiffArgs};
 use crate::review::diff::{
-    self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, Patch, PatchBudget,
+    self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, Patch, PatchBudget, type_name,
 };
 use crate::review::tree::FileReader;
 
@@ -64,14 +64,6 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
     }
     out.flush()?;
     Ok(0)
-}
-
-fn type_name(node: &Node) -> &'static str {
-    match node.kind {
-        NodeKind::Dir { .. } => "directory",
-        NodeKind::File { .. } => "file",
-        NodeKind::Symlink { .. } => "symlink",
-    }
 }
 
 fn target(node: &Node) -> &[u8] {

@@ -4,7 +4,6 @@
 //! before anything is printed; one that does not verify is shown as `FAILED` with
 //! why, the others are still shown, and the exit status is 1.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
 use std::sync::Arc;
 
@@ -38,16 +37,8 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         &args.review,
         crate::checkpoint::Exact::All,
     )?;
-    let parents: HashMap<&CheckpointId, Option<CheckpointId>> = session
-        .listing
-        .iter()
-        .map(|info| Ok((&info.id, session.claimed_parent(info)?)))
-        .collect::<Result<_>>()?;
-    let listed: HashMap<&CheckpointId, &CheckpointInfo> = session
-        .listing
-        .iter()
-        .map(|info| (&info.id, info))
-        .collect();
+    let parents = session.claimed_parents()?;
+    let listed = session.by_id();
     let shown: Vec<&CheckpointInfo> = match &args.lineage {
         None => session.listing.iter().collect(),
         Some(given) => {

@@ -63,16 +63,8 @@ struct Row<'a> {
 
 pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
     let session = Session::open(cli, &args.store, &args.review, Exact::All)?;
-    let parents: HashMap<&CheckpointId, Option<CheckpointId>> = session
-        .listing
-        .iter()
-        .map(|info| Ok((&info.id, session.claimed_parent(info)?)))
-        .collect::<Result<_>>()?;
-    let listed: HashMap<&CheckpointId, &CheckpointInfo> = session
-        .listing
-        .iter()
-        .map(|info| (&info.id, info))
-        .collect();
+    let parents = session.claimed_parents()?;
+    let listed = session.by_id();
     let shown = chosen(&session, args, &parents, &listed)?;
     let outdir = prepare(&args.outdir)?;
     let mut manifest = read_manifest(&outdir);

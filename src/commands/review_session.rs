@@ -119,6 +119,19 @@ impl Session {
         checkpoint::verify_object(self.store.as_ref(), &info.id, None, self.max_archive_size)
     }
 
+    /// Each listed checkpoint by its digest.
+    pub fn by_id(&self) -> HashMap<&CheckpointId, &CheckpointInfo> {
+        self.listing.iter().map(|info| (&info.id, info)).collect()
+    }
+
+    /// The parent each listed checkpoint's metadata claims (a request per checkpoint).
+    pub fn claimed_parents(&self) -> Result<HashMap<&CheckpointId, Option<CheckpointId>>> {
+        self.listing
+            .iter()
+            .map(|info| Ok((&info.id, self.claimed_parent(info)?)))
+            .collect()
+    }
+
     /// The parent `info`'s metadata claims (`put --parent`), if any.
     pub fn claimed_parent(&self, info: &CheckpointInfo) -> Result<Option<CheckpointId>> {
         checkpoint::claimed_parent(self.store.as_ref(), &info.id)

@@ -128,6 +128,15 @@ pub struct Change<'a> {
     pub new: Option<(u32, &'a Node)>,
 }
 
+/// `file`, `directory` or `symlink`.
+pub fn type_name(node: &Node) -> &'static str {
+    match node.kind {
+        NodeKind::Dir { .. } => "directory",
+        NodeKind::File { .. } => "file",
+        NodeKind::Symlink { .. } => "symlink",
+    }
+}
+
 /// The size of a regular file; `None` for anything else.
 pub fn file_size(node: &Node) -> Option<u64> {
     match node.kind {

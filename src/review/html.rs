@@ -63,7 +63,7 @@ nav{display:flex;gap:1rem;flex-wrap:wrap;margin:.5rem 0}
 .change{border:1px solid var(--line);border-radius:6px;margin:1rem 0}
 .change>h3{font:600 13px ui-monospace,monospace;margin:0;padding:.4rem .6rem;\
 border-bottom:1px solid var(--line);overflow-wrap:anywhere}
-.change>p{margin:.4rem .6rem}
+.change>p{margin:.4rem .6rem;overflow-wrap:anywhere}
 pre{margin:0;padding:.4rem 0;overflow-x:auto}
 pre span{display:block;padding:0 .6rem}
 .add{background:var(--add);color:var(--add-fg)}

@@ -14,12 +14,14 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{self, Read};
+use std::io;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::diff::{self, ChangeKind, Fields, PATCH_MAX_BYTES, Patch, PatchBudget, empty_index};
+use super::diff::{
+    self, ChangeKind, Fields, PATCH_MAX_BYTES, Patch, PatchBudget, empty_index, type_name,
+};
 use super::html::{self, Lines};
 use super::tree::{FileReader, walk};
 use crate::archive::index::{Index, Node, NodeKind};
@@ -227,7 +229,7 @@ fn pair_renames(
         let mut matched = None;
         for (at, &j) in candidates.iter().enumerate() {
             let old_node = found[j].old.expect("removed");
-            if same_bytes(
+            if crate::cache::blobs::same_contents(
                 FileReader::new(base, old_node)?,
                 FileReader::new(new, new_node)?,
             )? {
@@ -242,39 +244,6 @@ fn pair_renames(
         }
     }
     Ok(())
-}
-
-fn same_bytes(mut a: impl Read, mut b: impl Read) -> io::Result<bool> {
-    let (mut x, mut y) = (vec![0; 64 << 10], vec![0; 64 << 10]);
-    loop {
-        let n = read_full(&mut a, &mut x)?;
-        let m = read_full(&mut b, &mut y)?;
-        if x[..n] != y[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match r.read(&mut buf[filled..])? {
-            0 => break,
-            n => filled += n,
-        }
-    }
-    Ok(filled)
-}
-
-fn type_name(node: &Node) -> &'static str {
-    match node.kind {
-        NodeKind::Dir { .. } => "directory",
-        NodeKind::File { .. } => "file",
-        NodeKind::Symlink { .. } => "symlink",
-    }
 }
 
 /// The fields other than contents that changed, as lines of HTML.
@@ -365,9 +334,13 @@ fn contents(
                     let size = reader.size();
                     let mut hasher = Sha256::new();
                     io::copy(&mut reader, &mut hasher)?;
+                    let exact = match size {
+                        0..1024 => String::new(),
+                        _ => format!(" ({size} bytes)"),
+                    };
                     let _ = write!(
                         out,
-                        "{label}: {} ({size} bytes), sha256 <code>{}</code>. ",
+                        "{label}: {}{exact}, sha256 <code>{}</code>. ",
                         html::bytes(size),
                         hex::encode(hasher.finalize())
                     );
