@@ -7,7 +7,8 @@
 //! tab are written `\n`, `\r`, `\t`; any other ASCII control character (and DEL) and
 //! bytes that are not UTF-8 are written `\xNN`; the C1 controls and the invisible
 //! characters that reorder text on screen (bidirectional controls, as in "Trojan
-//! Source") are written `\u{XX}`.
+//! Source") or show nothing (zero-width spaces, the byte order mark, tags) are written
+//! `\u{XX}`. Letters that look alike in different scripts pass as they are.
 //! The escaping is reversible ([`unescape`]): a JSON rendering made from escaped text
 //! gives the name itself. Raw bytes stay available where a program asks for them
 //! (`find -0`, `cat`).
@@ -146,18 +147,31 @@ pub fn unescape(text: &str) -> Vec<u8> {
     out
 }
 
-/// The bidirectional formatting characters: invisible, they change the order in which
-/// the text around them is shown.
+/// Invisible characters: the bidirectional formatting characters, which change the
+/// order in which the text around them is shown, and those that show nothing at all
+/// (zero-width spaces and joiners, the soft hyphen, word joiners, the byte order mark,
+/// fillers, variation selectors, tags), with which `run.sh` and `run.sh\u{200b}` look
+/// alike.
 fn reorders(c: char) -> bool {
     matches!(
         c,
-        '\u{61c}'
-            | '\u{200e}'
-            | '\u{200f}'
-            | '\u{2028}'
-            | '\u{2029}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2066}'..='\u{2069}'
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{17b4}'
+            | '\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
     )
 }
 
@@ -186,6 +200,11 @@ mod tests {
         assert_eq!(
             escape("x\u{202e}y\u{85}\u{7f}\0".as_bytes()),
             "x\\u{202e}y\\u{85}\\x7f\\x00"
+        );
+        // Invisible characters that make one name look like another.
+        assert_eq!(
+            escape("run.sh\u{200b}\u{feff}\u{ad}\u{e0065}".as_bytes()),
+            "run.sh\\u{200b}\\u{feff}\\u{ad}\\u{e0065}"
         );
     }
 

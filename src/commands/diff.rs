@@ -14,7 +14,7 @@ use crate::cli::{Cli, DiffArgs};
 use crate::review::diff::{
     self, Change, ChangeKind, DiffStats, PATCH_MAX_BYTES, Patch, PatchBudget, type_name,
 };
-use crate::review::tree::FileReader;
+use crate::review::tree::{FileReader, same_bytes};
 
 pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
     let session = Session::open(
@@ -35,7 +35,7 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
             modified,
             bytes_added,
             bytes_removed,
-        } = DiffStats::between(&old.index, &new.index);
+        } = DiffStats::between(&old.index, &new.index, &mut same_bytes(&old, &new));
         writeln!(
             out,
             "{added} added, {removed} removed, {modified} modified; \
@@ -44,23 +44,33 @@ pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
     } else if args.json {
         let mut first = true;
         out.write_all(b"[")?;
-        diff::diff(&old.index, &new.index, |change| -> io::Result<()> {
-            out.write_all(if first { b"\n  " } else { b",\n  " })?;
-            first = false;
-            serde_json::to_writer(&mut out, &json(change))?;
-            Ok(())
-        })?;
+        diff::diff(
+            &old.index,
+            &new.index,
+            &mut same_bytes(&old, &new),
+            |change| -> io::Result<()> {
+                out.write_all(if first { b"\n  " } else { b",\n  " })?;
+                first = false;
+                serde_json::to_writer(&mut out, &json(change))?;
+                Ok(())
+            },
+        )?;
         out.write_all(if first { b"]\n" } else { b"\n]\n" })?;
     } else {
         let mut budget = PatchBudget::default();
-        diff::diff(&old.index, &new.index, |change| -> Result<()> {
-            let path = crate::printable::escape(change.path);
-            writeln!(out, "{} {path}", change.kind.marker())?;
-            if args.patch {
-                write_details(&mut out, change, (&old, &new), &mut budget)?;
-            }
-            Ok(())
-        })?;
+        diff::diff(
+            &old.index,
+            &new.index,
+            &mut same_bytes(&old, &new),
+            |change| -> Result<()> {
+                let path = crate::printable::escape(change.path);
+                writeln!(out, "{} {path}", change.kind.marker())?;
+                if args.patch {
+                    write_details(&mut out, change, (&old, &new), &mut budget)?;
+                }
+                Ok(())
+            },
+        )?;
     }
     out.flush()?;
     Ok(0)

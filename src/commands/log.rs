@@ -16,7 +16,7 @@ use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, LogArgs};
 use crate::commands::say;
 use crate::review::diff::{DiffStats, empty_index};
-use crate::review::tree::{TreeSummary, summarize};
+use crate::review::tree::{TreeSummary, same_bytes, summarize};
 
 struct Turn<'a> {
     info: &'a CheckpointInfo,
@@ -89,13 +89,25 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         let (base, changes) = match (loaded_parent, &previous) {
             (Some((p, parent_checkpoint)), _) => (
                 Some(p),
-                DiffStats::between(&parent_checkpoint.index, &checkpoint.index),
+                DiffStats::between(
+                    &parent_checkpoint.index,
+                    &checkpoint.index,
+                    &mut same_bytes(&parent_checkpoint, &checkpoint),
+                ),
             ),
             (None, Some((prev, prev_checkpoint))) => (
                 Some(*prev),
-                DiffStats::between(&prev_checkpoint.index, &checkpoint.index),
+                DiffStats::between(
+                    &prev_checkpoint.index,
+                    &checkpoint.index,
+                    &mut same_bytes(prev_checkpoint, &checkpoint),
+                ),
             ),
-            (None, None) => (None, DiffStats::between(&nothing, &checkpoint.index)),
+            // Nothing on the old side: no file is compared.
+            (None, None) => (
+                None,
+                DiffStats::between(&nothing, &checkpoint.index, &mut |_, _| true),
+            ),
         };
         turns.push(Turn {
             info,

@@ -32,7 +32,7 @@ use crate::review::report::{self, TurnStats};
 const STATE: &str = ".ckptfs-report";
 const MANIFEST: &str = "manifest.json";
 /// Bumped when the pages' bodies change shape.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 #[derive(Serialize, Deserialize, Default)]
 struct Manifest {
@@ -86,7 +86,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
         let base = match listed_parent {
             Some(p) if verified.contains(&p.id) => Some(p),
-            Some(p) if !walked.contains(&p.id) && verifies(&session, p)? => Some(p),
+            Some(p) if !walked.contains(&p.id) && loads(&session, p)? => Some(p),
             _ => previous,
         };
         let base_id = base.map(|b| b.id.as_str().to_owned());
@@ -94,7 +94,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         let earlier = manifest
             .turns
             .get(key)
-            .filter(|c| c.base == base_id && body_path(&outdir, &info.id).is_file())
+            .filter(|c| c.base == base_id && body_path(&outdir, &info.id, base).is_file())
             .cloned();
         let outcome = match earlier {
             Some(earlier) => match session.verify(info) {
@@ -107,13 +107,12 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
                 }
                 Err(e) => return Err(e).with_context(|| format!("checkpoint {}", info.id)),
             },
-            None => match session.load(info) {
-                Err(e) => Err(unreadable(&e)?),
-                Ok(checkpoint) => {
-                    let base_checkpoint = base.map(|b| session.load(b)).transpose()?;
-                    let body = report::turn(base_checkpoint.as_deref(), &checkpoint, &mut budget)
-                        .with_context(|| format!("cannot read checkpoint {}", info.id))?;
-                    write_file(&body_path(&outdir, &info.id), body.html.as_bytes())?;
+            None => match compute(&session, info, base, &mut budget)? {
+                Ok(body) => {
+                    // The body first, under a name that says what it was compared
+                    // with, then the manifest: a run that stops between the two
+                    // leaves nothing that a later run would take for another pair.
+                    write_file(&body_path(&outdir, &info.id, base), body.html.as_bytes())?;
                     manifest.turns.insert(
                         key.to_owned(),
                         Computed {
@@ -121,10 +120,11 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
                             stats: body.stats,
                         },
                     );
+                    write_manifest(&outdir, &manifest)?;
                     computed += 1;
-                    session.trim(&[&info.id]);
                     Ok(body.stats)
                 }
+                Err(reason) => Err(reason),
             },
         };
         if outcome.is_ok() {
@@ -140,10 +140,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         });
     }
     let finished = SystemTime::now();
-    write_file(
-        &outdir.join(STATE).join(MANIFEST),
-        &serde_json::to_vec_pretty(&manifest)?,
-    )?;
+    write_manifest(&outdir, &manifest)?;
     let when = Verified { started, finished };
     for (i, row) in rows.iter().enumerate() {
         let page = turn_page(&outdir, &rows, i, &when)?;
@@ -153,7 +150,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         &outdir.join("index.html"),
         index_page(&args.store, &rows, &when).as_bytes(),
     )?;
-    remove_stale_pages(&outdir, &rows)?;
+    remove_stale_pages(&outdir, &rows, &manifest)?;
     let failed = rows.iter().filter(|r| r.outcome.is_err()).count();
     say::note!(
         "wrote {} ({} turns: {computed} computed, {reused} taken from the earlier report, \
@@ -199,13 +196,50 @@ fn chosen<'a>(
         .collect())
 }
 
-/// Whether a checkpoint outside the turns shown verifies (to compare with it).
-fn verifies(session: &Session, info: &CheckpointInfo) -> Result<bool> {
-    match session.verify(info) {
-        Ok(()) => Ok(true),
-        Err(CheckpointError::Verify { .. }) => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("checkpoint {}", info.id)),
+/// Whether a checkpoint outside the turns walked so far can be read (verified and
+/// indexed), to compare with it.
+fn loads(session: &Session, info: &CheckpointInfo) -> Result<bool> {
+    match session.load(info) {
+        Ok(_) => Ok(true),
+        Err(e) => unreadable(&e).map(|_| false),
     }
+}
+
+/// A turn's body, compared with `base`; the reason when the turn, or its base, cannot
+/// be read (the checkpoint's fault: it is shown as FAILED). Failures to reach the
+/// store or the cache end the command.
+fn compute(
+    session: &Session,
+    info: &CheckpointInfo,
+    base: Option<&CheckpointInfo>,
+    budget: &mut PatchBudget,
+) -> Result<std::result::Result<report::TurnBody, String>> {
+    let checkpoint = match session.load(info) {
+        Ok(checkpoint) => checkpoint,
+        Err(e) => return Ok(Err(unreadable(&e)?)),
+    };
+    let base_checkpoint = match base.map(|b| session.load(b)).transpose() {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            let reason = unreadable(&e)?;
+            let base = base.expect("loaded only with a base");
+            return Ok(Err(format!(
+                "the checkpoint it is compared with, {}, cannot be read: {reason}",
+                base.id.short()
+            )));
+        }
+    };
+    let body = report::turn(base_checkpoint.as_deref(), &checkpoint, budget)
+        .with_context(|| format!("cannot read checkpoint {}", info.id))?;
+    session.trim(&[&info.id]);
+    Ok(Ok(body))
+}
+
+fn write_manifest(outdir: &Path, manifest: &Manifest) -> Result<()> {
+    write_file(
+        &outdir.join(STATE).join(MANIFEST),
+        &serde_json::to_vec_pretty(manifest)?,
+    )
 }
 
 /// Makes OUTDIR and its folders; refuses a directory that holds anything but a report.
@@ -258,8 +292,13 @@ fn read_manifest(outdir: &Path) -> Manifest {
     }
 }
 
-fn body_path(outdir: &Path, id: &CheckpointId) -> PathBuf {
-    outdir.join(STATE).join(format!("{}.html", id.as_str()))
+/// The body of `id`'s page compared with `base`: `<sha256>.<base sha256>.html`, or
+/// `<sha256>.first.html`.
+fn body_path(outdir: &Path, id: &CheckpointId, base: Option<&CheckpointInfo>) -> PathBuf {
+    let base = base.map_or("first", |b| b.id.as_str());
+    outdir
+        .join(STATE)
+        .join(format!("{}.{base}.html", id.as_str()))
 }
 
 fn turn_path(outdir: &Path, id: &CheckpointId) -> PathBuf {
@@ -281,22 +320,37 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Deletes the turn pages of turns this report does not show (a narrower run).
-fn remove_stale_pages(outdir: &Path, rows: &[Row<'_>]) -> Result<()> {
-    let shown: HashSet<String> = rows
+/// Deletes the turn pages of turns this report does not show (a narrower run), and
+/// the bodies the manifest no longer names (a turn compared with another checkpoint
+/// since).
+fn remove_stale_pages(outdir: &Path, rows: &[Row<'_>], manifest: &Manifest) -> Result<()> {
+    let pages: HashSet<String> = rows
         .iter()
         .map(|r| format!("{}.html", r.info.id.as_str()))
         .collect();
-    let dir = outdir.join("turns");
-    for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let name = entry?.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let ours = name
-            .strip_suffix(".html")
-            .is_some_and(|stem| CheckpointId::parse(stem).is_some());
-        if ours && !shown.contains(name) {
-            fs::remove_file(dir.join(name))
-                .with_context(|| format!("cannot remove {}", dir.join(name).display()))?;
+    let bodies: HashSet<String> = manifest
+        .turns
+        .iter()
+        .map(|(id, c)| format!("{id}.{}.html", c.base.as_deref().unwrap_or("first")))
+        .collect();
+    let ours = |name: &str| {
+        name.strip_suffix(".html").is_some_and(|stem| {
+            let mut parts = stem.split('.');
+            parts.next().and_then(CheckpointId::parse).is_some()
+                && parts.all(|p| p == "first" || CheckpointId::parse(p).is_some())
+        })
+    };
+    for (dir, keep) in [
+        (outdir.join("turns"), &pages),
+        (outdir.join(STATE), &bodies),
+    ] {
+        for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if ours(name) && !keep.contains(name) {
+                fs::remove_file(dir.join(name))
+                    .with_context(|| format!("cannot remove {}", dir.join(name).display()))?;
+            }
         }
     }
     Ok(())
@@ -417,7 +471,7 @@ fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Resu
                 time(when.started),
                 time(when.finished)
             );
-            let body_file = body_path(outdir, id);
+            let body_file = body_path(outdir, id, row.base);
             let body = fs::read_to_string(&body_file)
                 .with_context(|| format!("cannot read {}", body_file.display()))?;
             out.push_str(&body);

@@ -2,7 +2,8 @@
 //!
 //! Two entries at the same path are compared on their type, contents, permission
 //! bits, numeric owner and symlink target. Contents are compared by the size and xxh3
-//! checksum that the index records for every file, so no content is read. Not
+//! checksum that the index records for every file, and when those are equal by the
+//! caller's [`SameBytes`] (the bytes: xxh3 collisions can be made on purpose). Not
 //! compared: modification times (every rewrite of a file changes them, and a
 //! directory's changes with every entry made in it), link counts, and the modes of
 //! symlinks (Linux ignores them). Each entry below a directory that exists on one side
@@ -248,11 +249,18 @@ fn steps<'a>(
     steps
 }
 
+/// Whether file node `old` of the old checkpoint and `new` of the new one hold the
+/// same bytes; asked only of files whose size and xxh3 checksum are equal. The
+/// checksum is not a cryptographic one: files can be made to collide, so only the
+/// bytes can say that a file did not change ([`super::tree::same_bytes`]).
+pub type SameBytes<'a> = dyn FnMut(u32, u32) -> bool + 'a;
+
 /// Calls `visit` for every entry added, removed or modified from `old` to `new`, in
 /// path order; stops at the first error and returns it.
 pub fn diff<E>(
     old: &Index,
     new: &Index,
+    same: &mut SameBytes<'_>,
     mut visit: impl FnMut(&Change<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
     struct Level<'a> {
@@ -289,7 +297,15 @@ pub fn diff<E>(
             (Some(_), None) => (ChangeKind::Removed, Fields::default()),
             (None, Some(_)) => (ChangeKind::Added, Fields::default()),
             (Some((_, a)), Some((_, b))) => {
-                let fields = Fields::between(a, b);
+                let mut fields = Fields::between(a, b);
+                let (oi, ni) = (step.old.expect("both"), step.new.expect("both"));
+                if !fields.content
+                    && file_size(a).is_some_and(|size| size > 0)
+                    && file_size(b).is_some()
+                    && !same(oi, ni)
+                {
+                    fields.content = true;
+                }
                 if !fields.any() {
                     continue;
                 }
@@ -329,9 +345,9 @@ impl DiffStats {
         self.bytes_removed += change.bytes_removed();
     }
 
-    pub fn between(old: &Index, new: &Index) -> DiffStats {
+    pub fn between(old: &Index, new: &Index, same: &mut SameBytes<'_>) -> DiffStats {
         let mut stats = DiffStats::default();
-        diff::<std::convert::Infallible>(old, new, |change| {
+        diff::<std::convert::Infallible>(old, new, same, |change| {
             stats.count(change);
             Ok(())
         })
@@ -436,7 +452,7 @@ mod tests {
 
     fn changes(old: &Index, new: &Index) -> Vec<String> {
         let mut out = Vec::new();
-        diff::<()>(old, new, |c| {
+        diff::<()>(old, new, &mut |_, _| true, |c| {
             out.push(format!(
                 "{} {} {}",
                 c.kind.marker(),
@@ -491,7 +507,7 @@ mod tests {
                 "A x/child",
             ]
         );
-        let stats = DiffStats::between(&old, &new);
+        let stats = DiffStats::between(&old, &new, &mut |_, _| true);
         assert_eq!(
             stats,
             DiffStats {
@@ -512,8 +528,40 @@ mod tests {
         let index = index_of(&[("a", "d"), ("a/b", "12"), ("c", "l:a")]);
         assert_eq!(changes(&empty_index(), &index), ["A a", "A a/b", "A c"]);
         assert_eq!(changes(&index, &empty_index()), ["D a", "D a/b", "D c"]);
-        let stats = DiffStats::between(&empty_index(), &index);
+        let stats = DiffStats::between(&empty_index(), &index, &mut |_, _| true);
         assert_eq!((stats.added, stats.bytes_added), (3, 2));
+    }
+
+    /// Equal sizes and checksums are not enough: a file whose bytes differ (an xxh3
+    /// collision, which can be made on purpose) is modified (attacker review).
+    #[test]
+    fn equal_checksums_are_checked_against_the_bytes() {
+        let old = index_of(&[("f", "x"), ("g", "y"), ("empty", "")]);
+        let new = old.clone();
+        let mut asked = Vec::new();
+        let mut differ = |a: u32, b: u32| {
+            asked.push((a, b));
+            false
+        };
+        let mut found = Vec::new();
+        diff::<()>(&old, &new, &mut differ, |c| {
+            found.push((
+                String::from_utf8_lossy(c.path).into_owned(),
+                c.fields.names(),
+            ));
+            Ok(())
+        })
+        .unwrap();
+        // An empty file has no bytes to differ in.
+        assert_eq!(
+            found,
+            [
+                ("f".to_owned(), vec!["content"]),
+                ("g".to_owned(), vec!["content"])
+            ]
+        );
+        assert_eq!(asked.len(), 2);
+        assert!(changes(&old, &new).is_empty(), "the same bytes: no change");
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //! - [`diff`]: the entries added, removed and modified between two indexes, with the
 //!   bytes they account for, and unified diffs of text files.
 //!
-//! Comparisons use the indexes only (types, modes, owners, link targets, and each
-//! file's size and xxh3 checksum); contents are read only to show them (`cat`, patches).
+//! Comparisons use the indexes (types, modes, owners, link targets, and each file's
+//! size and xxh3 checksum), and the bytes of files whose size and checksum are equal
+//! (the checksum is not a cryptographic one); contents are otherwise read only to show
+//! them (`cat`, patches).
 //! Nothing here holds a list of every path of a checkpoint: the walks keep the current
 //! path and one directory's children per level, so that memory stays within what the
 //! archive limits allow an index to take.

@@ -32,6 +32,12 @@ use crate::cache::VerifiedCheckpoint;
 pub const PAGE_DIFF_BYTES: usize = 4 << 20;
 /// The entries a page lists in full.
 pub const PAGE_ENTRIES: usize = 50_000;
+/// The changes a page shows one by one (the rest are counted).
+pub const PAGE_CHANGES: usize = 10_000;
+/// Removed files an added one is compared with, looking for a rename.
+const RENAME_CANDIDATES: usize = 4;
+/// The bytes a turn compares in all, looking for renames.
+const RENAME_BYTES: u64 = 256 << 20;
 
 /// What a turn holds and what changed in it.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,8 +68,8 @@ struct Found {
     fields: Fields,
     old: Option<u32>,
     new: Option<u32>,
-    /// For an added file: the removed path it was renamed from.
-    renamed_from: Option<Vec<u8>>,
+    /// For an added file: the removed path (and node) it was renamed from.
+    renamed_from: Option<(Vec<u8>, u32)>,
     /// A removed file that a rename accounts for (shown with the added side).
     renamed_away: bool,
 }
@@ -77,7 +83,17 @@ pub fn turn(
     let nothing = empty_index();
     let old_index = base.map_or(&nothing, |b| &b.index);
     let mut found = Vec::new();
-    diff::diff::<()>(old_index, &new.index, |c| {
+    // No file is compared when there is no base.
+    let mut trust = |_, _| true;
+    let mut read_back;
+    let same: &mut diff::SameBytes<'_> = match base {
+        Some(base) => {
+            read_back = super::tree::same_bytes(base, new);
+            &mut read_back
+        }
+        None => &mut trust,
+    };
+    diff::diff::<()>(old_index, &new.index, same, |c| {
         found.push(Found {
             path: c.path.to_vec(),
             kind: c.kind,
@@ -91,7 +107,7 @@ pub fn turn(
     })
     .expect("the visitor does not fail");
     if let Some(base) = base {
-        pair_renames(&mut found, base, new)?;
+        pair_renames(&mut found, base, new);
     }
     let summary = super::tree::summarize(&new.index);
     let mut stats = TurnStats {
@@ -102,6 +118,7 @@ pub fn turn(
     let mut changes = String::new();
     let mut shown_bytes = 0;
     let mut left_out = 0;
+    let mut shown_changes = 0usize;
     for change in &found {
         if change.renamed_away {
             continue;
@@ -131,12 +148,18 @@ pub fn turn(
             "<div class=\"change\"><h3>{marker} {}</h3>",
             html::name(&change.path)
         );
-        if let Some(from) = &change.renamed_from {
+        if let Some((from, from_node)) = &change.renamed_from {
             let _ = write!(
                 block,
                 "<p>renamed from <code>{}</code>, same contents</p>",
                 html::name(from)
             );
+            // What else changed with the name: a rename may make a file executable.
+            if let (Some(a), Some((_, b))) = (old_index.node(*from_node), new_node) {
+                for line in field_lines(Fields::between(a, b), a, b) {
+                    let _ = write!(block, "<p class=\"muted\">{line}</p>");
+                }
+            }
         }
         if let (Some((_, a)), Some((_, b))) = (old, new_node) {
             for line in field_lines(change.fields, a, b) {
@@ -165,7 +188,10 @@ pub fn turn(
             }
         }
         block.push_str("</div>\n");
-        changes.push_str(&block);
+        shown_changes += 1;
+        if shown_changes <= PAGE_CHANGES {
+            changes.push_str(&block);
+        }
     }
     let mut out = String::new();
     let _ = write!(
@@ -190,17 +216,23 @@ pub fn turn(
             html::bytes(PAGE_DIFF_BYTES as u64)
         );
     }
+    if shown_changes > PAGE_CHANGES {
+        let _ = writeln!(
+            out,
+            "<p class=\"muted\">The first {PAGE_CHANGES} of {shown_changes} changes are \
+             shown; <code>ckptfs diff</code> lists them all.</p>"
+        );
+    }
     out.push_str(&changes);
     out.push_str(&entry_list(&new.index));
     Ok(TurnBody { stats, html: out })
 }
 
-/// Pairs each added file with a removed file of the same bytes.
-fn pair_renames(
-    found: &mut [Found],
-    base: &VerifiedCheckpoint,
-    new: &VerifiedCheckpoint,
-) -> io::Result<()> {
+/// Pairs each added file with a removed file of the same bytes. Bounded: each added
+/// file is compared with at most [`RENAME_CANDIDATES`] removed files of its size and
+/// checksum, and a turn compares at most [`RENAME_BYTES`] in all (files made to
+/// collide could otherwise cost a comparison of every pair).
+fn pair_renames(found: &mut [Found], base: &VerifiedCheckpoint, new: &VerifiedCheckpoint) {
     let key = |index: &Index, node: Option<u32>| -> Option<(u64, u64)> {
         match index.node(node?)?.kind {
             NodeKind::File { size, checksum, .. } => Some((size, checksum)),
@@ -215,6 +247,8 @@ fn pair_renames(
             removed.entry(k).or_default().push(i);
         }
     }
+    let mut same = super::tree::same_bytes(base, new);
+    let mut budget = RENAME_BYTES;
     for i in 0..found.len() {
         if found[i].kind != ChangeKind::Added {
             continue;
@@ -227,12 +261,12 @@ fn pair_renames(
         };
         let new_node = found[i].new.expect("added");
         let mut matched = None;
-        for (at, &j) in candidates.iter().enumerate() {
-            let old_node = found[j].old.expect("removed");
-            if crate::cache::blobs::same_contents(
-                FileReader::new(base, old_node)?,
-                FileReader::new(new, new_node)?,
-            )? {
+        for (at, &j) in candidates.iter().enumerate().take(RENAME_CANDIDATES) {
+            if budget < k.0 {
+                return;
+            }
+            budget -= k.0;
+            if same(found[j].old.expect("removed"), new_node) {
                 matched = Some(at);
                 break;
             }
@@ -240,10 +274,9 @@ fn pair_renames(
         if let Some(at) = matched {
             let j = candidates.swap_remove(at);
             found[j].renamed_away = true;
-            found[i].renamed_from = Some(found[j].path.clone());
+            found[i].renamed_from = Some((found[j].path.clone(), found[j].old.expect("removed")));
         }
     }
-    Ok(())
 }
 
 /// The fields other than contents that changed, as lines of HTML.

@@ -300,6 +300,17 @@ impl<'a> FileReader<'a> {
         self.size
     }
 
+    /// The cache file that holds a file of its own (device and inode): files of two
+    /// checkpoints with the same one hold the same bytes, the cache sharing files by
+    /// their SHA-256.
+    fn own_file(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        match &self.source {
+            Source::Own(file) => file.metadata().ok().map(|m| (m.dev(), m.ino())),
+            Source::Packed { .. } => None,
+        }
+    }
+
     fn check_end(&mut self) -> io::Result<()> {
         if self.checked {
             return Ok(());
@@ -351,6 +362,24 @@ impl Read for FileReader<'_> {
         }
         self.hasher.update(&buf[..n]);
         Ok(n)
+    }
+}
+
+/// [`super::diff::SameBytes`] for two verified checkpoints: the same file of the
+/// cache, or the same bytes read back (each side checked against its index as it is
+/// read). A file that cannot be read counts as changed; showing it then says why.
+pub fn same_bytes<'a>(
+    old: &'a VerifiedCheckpoint,
+    new: &'a VerifiedCheckpoint,
+) -> impl FnMut(u32, u32) -> bool + 'a {
+    move |a, b| {
+        let (Ok(x), Ok(y)) = (FileReader::new(old, a), FileReader::new(new, b)) else {
+            return false;
+        };
+        if x.own_file().is_some() && x.own_file() == y.own_file() {
+            return true;
+        }
+        crate::cache::blobs::same_contents(x, y).unwrap_or(false)
     }
 }
 

@@ -18,6 +18,9 @@ use crate::util::{Output, TestStore, run, temp_dir};
 both_stores!(
     report_shows_every_turn_in_order_and_hostile_input_as_text,
     report_shows_a_damaged_checkpoint_as_failed,
+    a_change_that_keeps_the_checksum_is_shown,
+    a_parent_that_cannot_be_read_fails_its_child_not_the_report,
+    a_body_is_reused_only_for_the_pair_it_was_made_for,
 );
 
 /// A name that is markup, and contents that try to end the diff's `<pre>`, run a
@@ -128,6 +131,7 @@ fn report_shows_every_turn_in_order_and_hostile_input_as_text(store: &TestStore)
         0o644,
     );
     fs::rename(w.join("new.txt"), w.join("renamed.txt")).unwrap();
+    crate::util::tree::chmod(&w.join("renamed.txt"), 0o755);
     let fourth = store.put(&w, &[]).0;
     let shas: Vec<&str> = (0..3)
         .map(|i| turns.sha(i))
@@ -183,6 +187,8 @@ fn report_shows_every_turn_in_order_and_hostile_input_as_text(store: &TestStore)
         fourth_page.contains("renamed from <code>new.txt</code>"),
         "{fourth_page}"
     );
+    // A rename does not hide what else changed with the name.
+    assert!(fourth_page.contains("mode 0644 → 0755"), "{fourth_page}");
     // Chromium has exited: any fetch it made has connected by now.
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
@@ -290,4 +296,146 @@ fn report_shows_a_damaged_checkpoint_as_failed(store: &TestStore) {
     assert!(out.stderr.contains("0 FAILED"), "{out}");
     let page = fs::read_to_string(page_of(&outdir, second)).unwrap();
     assert!(page.contains("<h2>Changes</h2>"), "{page}");
+}
+
+/// Two files of the same size whose xxh3 checksums collide (a collision made on
+/// purpose, as an attacker review did): the first says `good`, the second `evil`.
+fn colliding_files() -> (Vec<u8>, Vec<u8>) {
+    // XXH3's default secret, bytes 16..32: a lane whose input's low word equals the
+    // secret's adds its high word times zero, so swapping the high words of two lanes
+    // keeps the sum.
+    const SECRET: [u8; 16] = [
+        0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67,
+        0x1f,
+    ];
+    let make = |a: &[u8; 4], b: &[u8; 4]| {
+        let mut f = vec![b'#'; 2000];
+        f[..10].copy_from_slice(b"#!/bin/sh\n");
+        f[69..72].copy_from_slice(b"\nA=");
+        f[72..76].copy_from_slice(&SECRET[..4]);
+        f[76..80].copy_from_slice(a);
+        f[80] = b'\n';
+        f[133..136].copy_from_slice(b"\nB=");
+        f[136..140].copy_from_slice(&SECRET[8..12]);
+        f[140..144].copy_from_slice(b);
+        f[144] = b'\n';
+        let tail = b"\necho \"deploying to ${A#????}.example.com\"\n";
+        f[2000 - tail.len()..].copy_from_slice(tail);
+        f
+    };
+    let (one, two) = (make(b"good", b"evil"), make(b"evil", b"good"));
+    assert_ne!(one, two);
+    assert_eq!(
+        xxhash_rust::xxh3::xxh3_64(&one),
+        xxhash_rust::xxh3::xxh3_64(&two),
+        "the test's files must collide"
+    );
+    (one, two)
+}
+
+/// A file changed so that its size and xxh3 checksum stay the same is modified in
+/// `diff`, `log` and the report, not "nothing changed" (attacker review).
+fn a_change_that_keeps_the_checksum_is_shown(store: &TestStore) {
+    let (good, evil) = colliding_files();
+    let work = temp_dir();
+    let w = work.path().join("w");
+    write_file(&w.join("deploy.sh"), &good, 0o755);
+    let first = store.put(&w, &[]).0;
+    std::thread::sleep(CLOCK_TICK);
+    write_file(&w.join("deploy.sh"), &evil, 0o755);
+    let second = store.put(&w, &[]).0;
+    assert_ne!(first, second);
+    let diff = store
+        .cmd("diff", [first.as_str(), second.as_str()])
+        .success();
+    assert_eq!(diff.stdout, "M deploy.sh\n", "{diff}");
+    let log = store.cmd("log", [] as [&str; 0]).success();
+    assert!(log.lines()[1].contains("+0 ~1 -0"), "{log}");
+    let out_root = temp_dir();
+    let outdir = out_root.path().join("review");
+    report(store, &outdir).success();
+    let page = fs::read_to_string(page_of(&outdir, &second)).unwrap();
+    assert!(page.contains("<h3>M deploy.sh</h3>"), "{page}");
+    assert!(page.contains("0 added, 1 modified"), "{page}");
+}
+
+/// A parent that verifies by its digest but is no archive, listed after its child:
+/// the child is compared with the turn before it, the parent is shown as FAILED, and
+/// the report is written (an attacker review stopped it here).
+fn a_parent_that_cannot_be_read_fails_its_child_not_the_report(store: &TestStore) {
+    use flate2::{Compression, write::GzEncoder};
+    use std::io::Write;
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&[b'x'; 700]).unwrap();
+    let not_a_tar = gz.finish().unwrap();
+    let sha = crate::util::sha256_hex(&not_a_tar);
+    let size = not_a_tar.len() as u64;
+    store.write_object_bytes(&sha, &not_a_tar, Some((&sha, size)));
+    let work = temp_dir();
+    let w = work.path().join("w");
+    write_file(&w.join("a.txt"), b"one\n", 0o644);
+    std::thread::sleep(CLOCK_TICK);
+    let first = store.put(&w, &[]).0;
+    std::thread::sleep(CLOCK_TICK);
+    write_file(&w.join("a.txt"), b"two\n", 0o644);
+    let child = store.put(&w, &["--parent", &sha]).0;
+    // Written again: now the newest, after its child.
+    std::thread::sleep(CLOCK_TICK);
+    store.write_object_bytes(&sha, &not_a_tar, Some((&sha, size)));
+
+    let out_root = temp_dir();
+    let outdir = out_root.path().join("review");
+    let out = report(store, &outdir);
+    assert_eq!(out.status.code(), Some(1), "{out}");
+    assert!(out.stderr.contains("1 FAILED"), "{out}");
+    let page = fs::read_to_string(page_of(&outdir, &child)).unwrap();
+    assert!(
+        page.contains(&format!(
+            "the turn before, <a class=\"mono\" href=\"{first}.html\""
+        )),
+        "{page}"
+    );
+    assert!(page.contains("<span class=\"add\">+two</span>"), "{page}");
+    let parent = fs::read_to_string(page_of(&outdir, &sha)).unwrap();
+    assert!(parent.contains("FAILED"), "{parent}");
+}
+
+/// A page body is taken from an earlier report only for the pair of checkpoints it
+/// was made from (an attacker review had a stopped run leave a body made against
+/// another turn under the name a later run reused).
+fn a_body_is_reused_only_for_the_pair_it_was_made_for(store: &TestStore) {
+    let turns = three_turns(store);
+    let out_root = temp_dir();
+    let outdir = out_root.path().join("review");
+    assert_eq!(counts(&report(store, &outdir).success()), (3, 0));
+    // The third turn reported alone is compared with nothing: computed again.
+    let alone = report_of(store, &outdir, &[turns.sha(2)]);
+    assert_eq!(counts(&alone), (1, 0), "{alone}");
+    // All again: the third is compared with the second once more, which the manifest
+    // no longer names (it names the lone run's): computed again, the others reused.
+    let out = report(store, &outdir).success();
+    assert_eq!(counts(&out), (1, 2), "{out}");
+    let page = fs::read_to_string(page_of(&outdir, turns.sha(2))).unwrap();
+    assert!(page.contains("<h3>A docs/guide.md</h3>"), "{page}");
+    assert!(
+        !page.contains("<h3>A hello.py</h3>"),
+        "not against nothing: {page}"
+    );
+    // What a run stopped after writing a body and before the manifest leaves: a body
+    // of the third turn against nothing. It is not taken for the pair the manifest
+    // names, and it is removed.
+    let state = outdir.join(".ckptfs-report");
+    let stray = state.join(format!("{}.first.html", turns.sha(2)));
+    fs::write(&stray, "<p>STRAY BODY</p>").unwrap();
+    let out = report(store, &outdir).success();
+    assert_eq!(counts(&out), (0, 3), "{out}");
+    let page = fs::read_to_string(page_of(&outdir, turns.sha(2))).unwrap();
+    assert!(!page.contains("STRAY BODY"), "{page}");
+    assert!(!stray.exists());
+}
+
+fn report_of(store: &TestStore, outdir: &Path, checkpoints: &[&str]) -> Output {
+    let mut args = vec![outdir.as_os_str().to_owned()];
+    args.extend(checkpoints.iter().map(std::ffi::OsString::from));
+    store.cmd("report", args).success()
 }
