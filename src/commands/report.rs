@@ -150,7 +150,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         &outdir.join("index.html"),
         index_page(&args.store, &rows, &when).as_bytes(),
     )?;
-    remove_stale_pages(&outdir, &rows, &manifest)?;
+    remove_stale_files(&outdir, &rows, &manifest)?;
     let failed = rows.iter().filter(|r| r.outcome.is_err()).count();
     say::note!(
         "wrote {} ({} turns: {computed} computed, {reused} taken from the earlier report, \
@@ -323,7 +323,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Deletes the turn pages of turns this report does not show (a narrower run), and
 /// the bodies the manifest no longer names (a turn compared with another checkpoint
 /// since).
-fn remove_stale_pages(outdir: &Path, rows: &[Row<'_>], manifest: &Manifest) -> Result<()> {
+fn remove_stale_files(outdir: &Path, rows: &[Row<'_>], manifest: &Manifest) -> Result<()> {
     let pages: HashSet<String> = rows
         .iter()
         .map(|r| format!("{}.html", r.info.id.as_str()))

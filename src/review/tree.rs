@@ -376,7 +376,8 @@ pub fn same_bytes<'a>(
         let (Ok(x), Ok(y)) = (FileReader::new(old, a), FileReader::new(new, b)) else {
             return false;
         };
-        if x.own_file().is_some() && x.own_file() == y.own_file() {
+        let shared = x.own_file();
+        if shared.is_some() && shared == y.own_file() {
             return true;
         }
         crate::cache::blobs::same_contents(x, y).unwrap_or(false)
