@@ -1,8 +1,8 @@
 //! A bounded in-process byte pipe between two threads, in chunks of 1 MiB.
 //!
-//! Used where two stages of a pass run on two cores: downloading and hashing beside
-//! decompressing and indexing, and archiving beside indexing when a workspace is
-//! sealed. At most `capacity` chunks are in flight, so memory stays bounded whatever
+//! Used where the stages of a pass run on cores of their own: a load downloads and
+//! hashes, inflates, and indexes on three threads, and a seal archives beside
+//! indexing. At most `capacity` chunks are in flight, so memory stays bounded whatever
 //! the size of the stream.
 
 use std::io::{self, Read, Write};

@@ -313,7 +313,8 @@ impl Cache {
         pending.record_members(Arc::clone(&recorder));
         let known = Known::read(self.recent_entries(REUSE_SOURCES));
         let (chunks, verdict) = read_ahead(reader);
-        let mut tar = MemberReader::new(chunks, known, Arc::clone(&recorder));
+        let members = MemberReader::new(chunks, known, Arc::clone(&recorder)).ahead();
+        let (mut tar, inflater) = inflate_ahead(members, Arc::clone(&recorder));
         let built = index::build(&mut tar, &mut pending, limits, default_mtime);
         if built.is_ok() {
             // The indexer stops at the tar's end, inside the last member: reading on
@@ -322,9 +323,10 @@ impl Cache {
             let tail = crate::archive::gz::CHUNK_SIZE as u64 + 1;
             let _ = io::copy(&mut (&mut tar).take(tail), &mut io::sink());
         }
-        // Before the verdict is awaited: the download thread must not wait on a pipe
-        // nobody reads.
+        // Before the verdict is awaited: neither the inflating thread nor the download
+        // thread may wait on a pipe nobody reads.
         drop(tar);
+        inflater.join().expect("the inflating thread panicked");
         let counts = recorder.lock().expect("member recorder lock").counts();
         self.reused_members
             .fetch_add(counts.reused, Ordering::Relaxed);
@@ -517,6 +519,70 @@ impl Trash {
 /// and hashing overlap with decompressing and indexing. The thread's result is the
 /// stream's verdict; it reads to the end even when the consumer stops early, since
 /// every byte must be hashed.
+/// How often, in tar bytes read by the indexer, the members it has read past are
+/// recorded (a lock of the recorder each time).
+const FINISH_EVERY: u64 = 256 * 1024;
+
+/// Inflates `members` on a thread of its own, ahead of the indexer by at most a few
+/// chunks, so that a load uses two cores for its two heavy halves: inflating (and
+/// hashing members) there, parsing tar and writing the entry's files here. Memory is
+/// bounded by the pipe. The thread stops at the stream's end, at its first error
+/// (handed to the reader), or once the reader is dropped.
+fn inflate_ahead<R: Read + Send + 'static>(
+    mut members: MemberReader<R>,
+    recorder: Arc<Mutex<Recorder>>,
+) -> (Inflated, std::thread::JoinHandle<()>) {
+    let (mut writer, tar) = pipe(4);
+    let thread = std::thread::Builder::new()
+        .name("ckptfs-inflate".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 256 * 1024];
+            loop {
+                match members.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if writer.write_all(&buf[..n]).is_err() {
+                            break; // the indexer is done
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return writer.fail(e),
+                }
+            }
+        })
+        .expect("spawning an inflating thread");
+    let inflated = Inflated {
+        tar,
+        recorder,
+        read: 0,
+        finished: 0,
+    };
+    (inflated, thread)
+}
+
+/// The indexer's end of [`inflate_ahead`]: says to the recorder how far it has read.
+struct Inflated {
+    tar: PipeReader,
+    recorder: Arc<Mutex<Recorder>>,
+    read: u64,
+    finished: u64,
+}
+
+impl Read for Inflated {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Asked for the bytes at `read`, the indexer has said where every file whose
+        // contents start before went: the members that end there can be recorded.
+        if self.read >= self.finished + FINISH_EVERY {
+            let mut recorder = self.recorder.lock().expect("member recorder lock");
+            recorder.finish_through(self.read);
+            self.finished = self.read;
+        }
+        let n = self.tar.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
 fn read_ahead(
     mut reader: VerifyingReader<Box<dyn Read + Send>>,
 ) -> (

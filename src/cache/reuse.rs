@@ -6,7 +6,8 @@
 //! byte for byte. While a checkpoint is downloaded and hashed (all of it, always,
 //! before anything is shown: this module changes how the tar stream is obtained, never
 //! what is checked), [`MemberReader`] turns the compressed stream into the tar stream
-//! the indexer reads, member by member. At each member boundary it looks for a member
+//! the indexer reads, member by member (on a thread of its own, a few chunks ahead of
+//! the indexer: see [`MemberReader::ahead`]). At each member boundary it looks for a member
 //! that an entry of the cache recorded: when the next compressed bytes are exactly
 //! that member (same length, same SHA-256), its tar bytes are put together again from
 //! that entry's files instead of being inflated. Every other member is inflated.
@@ -226,7 +227,7 @@ impl Recorder {
 
     /// Makes the records of the members that end at or before `offset`: the indexer
     /// has read past them, so it has said where every content inside them went.
-    fn finish_through(&mut self, offset: u64) {
+    pub fn finish_through(&mut self, offset: u64) {
         while let Some(member) = self.members.front() {
             if member.start + member.tar.len() as u64 > offset {
                 break;
@@ -744,6 +745,9 @@ pub struct MemberReader<R: Read> {
     /// Tar bytes handed out so far.
     served: u64,
     started: bool,
+    /// Runs ahead of the indexer (on a thread of its own): members are then finished
+    /// by whoever knows what the indexer has read ([`Recorder::finish_through`]).
+    ahead: bool,
     /// Bytes hashed or rebuilt for candidates that were not the member.
     wasted: u64,
 }
@@ -757,8 +761,17 @@ impl<R: Read> MemberReader<R> {
             recorder,
             served: 0,
             started: false,
+            ahead: false,
             wasted: 0,
         }
+    }
+
+    /// For a reader that runs ahead of the indexer, on a thread of its own: the
+    /// members it gives are finished as the indexer reads them, by
+    /// [`Recorder::finish_through`], not when this reader reaches the next one.
+    pub fn ahead(mut self) -> Self {
+        self.ahead = true;
+        self
     }
 
     fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
@@ -916,8 +929,10 @@ impl<R: Read> Read for MemberReader<R> {
                 }
                 State::Boundary => {
                     // The indexer asks for more: it has read every member before.
-                    let served = self.served;
-                    self.recorder().finish_through(served);
+                    if !self.ahead {
+                        let served = self.served;
+                        self.recorder().finish_through(served);
+                    }
                     let input = self.input.as_mut().expect("the input, between members");
                     // As MultiGzDecoder: the stream ends where a member ends and
                     // nothing follows; the first member is inflated whatever it is.
@@ -1152,6 +1167,33 @@ mod tests {
             assert_eq!(after, 0);
         }
         assert!(cache.stats().reused_members > 5, "{:?}", cache.stats());
+    }
+
+    /// Inflated on a thread of its own ahead of the indexer, a load still records its
+    /// members as ranges of the entry's files, not as copies of their bytes: members
+    /// are recorded only once the indexer has said where their contents went.
+    #[test]
+    fn records_of_a_load_point_into_the_entry() {
+        let work = tempfile::tempdir().unwrap();
+        let store = LocalStore::create(&work.path().join("store")).unwrap();
+        let turns = stored_turns(work.path(), &store, 1);
+        let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+        let _checkpoint = load(&cache, &store, &turns[0]);
+        let (records, _) = read_records(&cache.entry_dir(&turns[0]).join("members")).unwrap();
+        assert!(records.len() > 5, "{} records", records.len());
+        let tar: u64 = records.iter().map(|r| r.tar_len).sum();
+        let raw: u64 = records
+            .iter()
+            .flat_map(|r| &r.segments)
+            .map(|s| match s {
+                Segment::Raw(bytes) => bytes.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        assert!(
+            raw * 20 < tar,
+            "{raw} raw bytes in records of {tar} tar bytes"
+        );
     }
 
     /// A verified download's layout is recorded, whether its members were inflated
