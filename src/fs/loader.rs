@@ -14,13 +14,16 @@
 //! fails at once. A failure is remembered for [`FAILURE_REUSE`], so that one `ls`
 //! does not download a bad object once per system call; a later access tries again.
 //!
+//! Whoever asked ([`Loader::on_loaded`]) hears of each checkpoint loaded, on the
+//! worker, before the waiting operations run (the sealer primes the member cache).
+//!
 //! Eviction runs after each load, outside every lock of the filesystem: an entry is
 //! evicted only if its slot lets go of it (no open file or reader holds it), and is
 //! deleted from disk after every lock is released.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -108,7 +111,11 @@ struct Shared {
     queue: Mutex<VecDeque<Arc<Slot>>>,
     queued: Condvar,
     stop: AtomicBool,
+    loaded: OnceLock<LoadedHook>,
 }
+
+/// Told of each checkpoint loaded; must return at once.
+pub type LoadedHook = Box<dyn Fn(&Slot, &Arc<VerifiedCheckpoint>) + Send + Sync>;
 
 pub struct Loader {
     shared: Arc<Shared>,
@@ -133,6 +140,7 @@ impl Loader {
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
+            loaded: OnceLock::new(),
         });
         let workers = (0..config.workers.max(1))
             .map(|i| {
@@ -144,6 +152,12 @@ impl Loader {
             })
             .collect();
         Loader { shared, workers }
+    }
+
+    /// Calls `hook` with each checkpoint loaded from now on (once: later calls are
+    /// ignored).
+    pub fn on_loaded(&self, hook: LoadedHook) {
+        let _ = self.shared.loaded.set(hook);
     }
 
     /// Whether an operation on `slot`'s contents must wait for a load.
@@ -316,6 +330,9 @@ impl Shared {
         let new = match result {
             Ok(checkpoint) => {
                 tracing::info!(checkpoint = %id, elapsed = ?started.elapsed(), "checkpoint verified");
+                if let Some(hook) = self.loaded.get() {
+                    hook(slot, &checkpoint);
+                }
                 Load::Loaded(checkpoint)
             }
             Err(e) => {

@@ -297,6 +297,20 @@ impl CheckpointFs {
                 members: config.members,
             },
         ));
+        if !config.read_only {
+            // The newest turn is the one the next is most likely made from, and often
+            // by a copy from outside the mount (a sandbox restoring its workspace),
+            // which names no checkpoint: its members are primed once it is loaded, so
+            // that the seal of the next turn compresses only what changed.
+            let (catalog, sealer) = (Arc::clone(&catalog), Arc::downgrade(&sealer));
+            loader.on_loaded(Box::new(move |slot, checkpoint| {
+                let listing = catalog.snapshot();
+                let newest = listing.newest().is_some_and(|n| n.info.id == slot.info.id);
+                if let Some(sealer) = sealer.upgrade().filter(|_| newest) {
+                    sealer.prime(checkpoint);
+                }
+            }));
+        }
         let latencies = Arc::new(metrics::Latencies::default());
         let views = Views::new(
             Arc::clone(&catalog),

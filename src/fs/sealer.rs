@@ -21,7 +21,9 @@
 //! unfinished archives.
 //!
 //! A workspace started from a checkpoint (the kernel's copies into `staging/` name
-//! it) makes the sealer fill the member cache with that checkpoint's gzip members, as
+//! it), and the newest checkpoint once a writable mount loads it (the next turn is
+//! likely made from it, perhaps by a copy from outside the mount, which names none),
+//! make the sealer fill the member cache with that checkpoint's gzip members, as
 //! capture compresses them, on one background thread at the lowest CPU priority
 //! ([`Sealer::prime`]; a checkpoint at a time, one more waiting, others dropped): the
 //! seal of the next turn then compresses only what changed, on a replica that never

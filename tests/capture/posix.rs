@@ -715,6 +715,71 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
     assert!(reused >= 1, "turn 3 reused no member: {sealed}");
 }
 
+/// A writable mount that loaded the newest turn primes the member cache from it: a
+/// workspace copied in from outside the mount (no copy names the checkpoint, as when
+/// a sandbox restores its workspace by itself) seals reusing that turn's unchanged
+/// members.
+#[test]
+fn a_workspace_copied_from_outside_reuses_the_newest_turns_members() {
+    let (store, mount) = mount();
+    let work = repo_temp_dir("capture-outside-");
+    let src = work.path().join("src");
+    make_sample_tree(&src);
+    // The put keeps no members: only the mount can fill its member cache.
+    let mut put = crate::util::ckptfs();
+    put.arg("put")
+        .arg("--member-cache-size")
+        .arg("0")
+        .arg(store.url())
+        .arg(&src);
+    let sha = run(&mut put)
+        .success()
+        .stdout
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let checkpoint = mount.join(&sha);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !checkpoint.exists() {
+        assert!(std::time::Instant::now() < deadline, "{sha} never listed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Browsing it loads it.
+    assert!(
+        sh("ls -lR \"$1\" >/dev/null", &[&checkpoint])
+            .status
+            .success()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !mount
+        .log_text()
+        .lines()
+        .any(|l| l.contains("member cache primed") && l.contains(&sha))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never primed:\n{}",
+            mount.log_excerpt()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let staged = mount.staged("turn-2");
+    fs::create_dir(&staged).unwrap();
+    cp_a(&src.join("."), &staged);
+    fs::write(staged.join("hello.py"), "print('turn 2')\n").unwrap();
+    fs::rename(&staged, mount.committed("turn-2"))
+        .unwrap_or_else(|e| panic!("seal turn 2: {e}\n{}", mount.log_excerpt()));
+    let log = mount.log_text();
+    let sealed = log
+        .lines()
+        .rfind(|l| l.contains("sealed"))
+        .unwrap_or_default();
+    let reused = crate::util::logged_count(sealed, "members_reused");
+    assert!(reused >= 1, "the seal reused no member: {sealed}");
+}
+
 /// Non-empty regular files under `root`, hard links counted once.
 fn walk_files(root: &Path) -> u64 {
     fn walk(dir: &Path, seen: &mut std::collections::HashSet<u64>) {
