@@ -523,7 +523,7 @@ impl Trash {
 /// recorded (a lock of the recorder each time).
 const FINISH_EVERY: u64 = 256 * 1024;
 
-/// Inflates `members` on a thread of its own, ahead of the indexer by at most a few
+/// Inflates `members` on a thread of its own, ahead of the indexer by at most three
 /// chunks, so that a load uses two cores for its two heavy halves: inflating (and
 /// hashing members) there, parsing tar and writing the entry's files here. Memory is
 /// bounded by the pipe. The thread stops at the stream's end, at its first error
@@ -532,7 +532,9 @@ fn inflate_ahead<R: Read + Send + 'static>(
     mut members: MemberReader<R>,
     recorder: Arc<Mutex<Recorder>>,
 ) -> (Inflated, std::thread::JoinHandle<()>) {
-    let (mut writer, tar) = pipe(4);
+    // One chunk in the pipe, one being filled, one being read: deeper pipes made
+    // loads no faster and the daemon's peak memory larger (BENCHMARKS.md, section 7).
+    let (mut writer, tar) = pipe(1);
     let thread = std::thread::Builder::new()
         .name("ckptfs-inflate".into())
         .spawn(move || {
@@ -589,7 +591,8 @@ fn read_ahead(
     PipeReader,
     std::thread::JoinHandle<Result<u64, CheckpointError>>,
 ) {
-    let (mut writer, chunks) = pipe(8);
+    // Two chunks: the inflating thread behind keeps up (BENCHMARKS.md, section 7).
+    let (mut writer, chunks) = pipe(2);
     let thread = std::thread::Builder::new()
         .name("ckptfs-download".into())
         .spawn(move || {
