@@ -8,7 +8,9 @@
 #   seal       through a mount: cp -a MNT/<last>/. MNT/staging/NAME/, one file
 #              changed, mv MNT/staging/NAME MNT/commit/, vs the full put; also the
 #              first seal of a replica that only downloaded the turns (once the copy's
-#              priming of its member cache ended), and one without a member cache
+#              priming of its member cache ended), and one without a member cache;
+#              and the seal of a workspace copied in from outside the mount, on a
+#              replica that opened turn N (which primed its member cache)
 #   copy       that cp -a (copy_file_range between the cache and staging/) vs cp -a
 #              between two local directories of the same disk
 #   uploaded   bytes sent per turn, as a share of the object; also for one more turn
@@ -151,16 +153,44 @@ for run in 1 2 3; do
     done
 done
 
-mount_ckptfs "$STORE" "$MNT" "$WORK/cache" --cache-size 8GiB
-PID="$CKPT_PID"
-for sha in "${SHAS[@]}"; do tar -cf - -C "$MNT/$sha" . >/dev/null; done
-CACHE_BYTES="$(du -sb "$WORK/cache/checkpoints" | awk '{ print $1 }')"
 # Seconds of a Rust Duration as the daemon logs it (`7.56s`, `950ms`, `12µs`).
 duration_s() {
     awk -v d="$1" 'BEGIN { v = d + 0; if (d ~ /ms$/) v /= 1e3; else if (d ~ /µs$/) v /= 1e6; else if (d ~ /ns$/) v /= 1e9; printf "%.2f", v }'
 }
 # The number a daemon log line gives for KEY: logged KEY LINE.
 logged() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$2"; }
+
+# A workspace copied in from outside the mount (the tree is turn N's), as a sandbox
+# that restores its workspace itself does, on a fresh replica that only opened turn N:
+# loading the newest checkpoint (turn N, before the seals below add newer ones)
+# primed its members; wait for that, then seal one change.
+mount_ckptfs "$STORE" "$MNT" "$WORK/cache-outside" --cache-size 8GiB
+PID="$CKPT_PID"
+ls -R "$MNT/$LAST" >/dev/null
+for _ in $(seq 1 600); do
+    grep -q "member cache primed" "$WORK/cache-outside/ckptfs.log" && break
+    sleep 0.2
+done
+primed_line="$(grep "member cache primed" "$WORK/cache-outside/ckptfs.log" | tail -n 1)"
+[ -n "$primed_line" ] || die "opening turn N never primed the member cache"
+record outside_prime_s "$(duration_s "$(sed -n 's/.* elapsed=\([^ ]*\).*/\1/p' <<<"$primed_line")")"
+dest="$MNT/staging/outside"
+mkdir "$dest"
+cp -a "$TREE/." "$dest/"
+one="$(find "$dest" -name '*.txt' -type f | sort | sed -n 1p)"
+echo "# sealed after a copy from outside" >>"$one"
+settle
+run_begin
+tm seal mv "$dest" "$MNT/commit/"
+record outside_seal_s "$(step_secs seal)"
+sealed_line="$(grep ' sealed' "$WORK/cache-outside/ckptfs.log" | tail -n 1)"
+record outside_seal_compressed "$(logged members_compressed "$sealed_line")"
+unmount_wait "$MNT" "$PID"
+
+mount_ckptfs "$STORE" "$MNT" "$WORK/cache" --cache-size 8GiB
+PID="$CKPT_PID"
+for sha in "${SHAS[@]}"; do tar -cf - -C "$MNT/$sha" . >/dev/null; done
+CACHE_BYTES="$(du -sb "$WORK/cache/checkpoints" | awk '{ print $1 }')"
 for run in 1 2 3; do
     dest="$MNT/staging/turn-$run"
     mkdir "$dest"
@@ -249,6 +279,8 @@ md_row "put of a 1% turn whose changes sit together in the tree (one turn; $(med
 md_row "seal of a one-file change through the mount" "$(f2 "$(med seal_s)")" "**$(ratio "$(med seal_s)" "$full")**" "≤ 0.3"
 md_row "the same, first seal on a replica that only downloaded turn N ($(med first_seal_compressed) members compressed; turn N's were primed in $(f2 "$(med prime_s)") s behind the copy)" \
     "$(f2 "$(med first_seal_s)")" "$(ratio "$(med first_seal_s)" "$full")" ""
+md_row "seal of a one-file change copied in from outside the mount (\`cp -a TREE/. MNT/staging/NAME/\`), on a replica that opened turn N ($(med outside_seal_compressed) members compressed; opening turn N primed its members in $(f2 "$(med outside_prime_s)") s)" \
+    "$(f2 "$(med outside_seal_s)")" "**$(ratio "$(med outside_seal_s)" "$full")**" "≤ 0.3"
 md_row "the same, first seal on a replica without a member cache (\`--member-cache-size 0\`)" \
     "$(f2 "$(med bare_seal_s)")" "$(ratio "$(med bare_seal_s)" "$full")" ""
 rebuilt="?" inflated="?"
