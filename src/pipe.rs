@@ -28,6 +28,24 @@ pub fn pipe(capacity: usize) -> (PipeWriter, PipeReader) {
     )
 }
 
+/// Copies `from` into `to` until `from` ends or the reader is gone (then `Ok`); a
+/// read error is returned, for the caller to hand on ([`PipeWriter::fail`]).
+pub fn pump(from: &mut impl Read, to: &mut PipeWriter) -> io::Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The sending end. Dropping it (or [`PipeWriter::close`]) ends the stream; writes
 /// fail with `BrokenPipe` once the reader is gone.
 pub struct PipeWriter {

@@ -30,7 +30,7 @@ pub mod reuse;
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +46,7 @@ use crate::archive::index::{self, Index};
 use crate::archive::members::MemberCache;
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
-use crate::pipe::{PipeReader, pipe};
+use crate::pipe::{PipeReader, pipe, pump};
 use reuse::{Known, MemberReader, Recorder};
 
 /// Entries, used last, whose gzip members a load may rebuild instead of inflating.
@@ -538,18 +538,8 @@ fn inflate_ahead<R: Read + Send + 'static>(
     let thread = std::thread::Builder::new()
         .name("ckptfs-inflate".into())
         .spawn(move || {
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                match members.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if writer.write_all(&buf[..n]).is_err() {
-                            break; // the indexer is done
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return writer.fail(e),
-                }
+            if let Err(e) = pump(&mut members, &mut writer) {
+                writer.fail(e);
             }
         })
         .expect("spawning an inflating thread");
@@ -596,23 +586,11 @@ fn read_ahead(
     let thread = std::thread::Builder::new()
         .name("ckptfs-download".into())
         .spawn(move || {
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if writer.write_all(&buf[..n]).is_err() {
-                            break; // the consumer is done; finish() reads the rest
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        writer.fail(io::Error::new(e.kind(), e.to_string()));
-                        return reader.finish();
-                    }
-                }
+            // The consumer may be done before the end: finish() reads the rest.
+            match pump(&mut reader, &mut writer) {
+                Ok(()) => drop(writer),
+                Err(e) => writer.fail(io::Error::new(e.kind(), e.to_string())),
             }
-            drop(writer);
             reader.finish()
         })
         .expect("spawning a download thread");

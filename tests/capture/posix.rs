@@ -642,13 +642,7 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
     make_sample_tree(&src);
     let out = run(crate::util::ckptfs().arg("put").arg(store.url()).arg(&src)).success();
     let sha = out.stdout.split_whitespace().next().unwrap().to_owned();
-    let checkpoint = mount.join(&sha);
-    // The listing picks the new object up within the refresh interval.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !checkpoint.exists() {
-        assert!(std::time::Instant::now() < deadline, "{sha} never listed");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let checkpoint = listed(&mount, &sha);
 
     let before = requests(&mount.status_text(), "copy_file_range");
     let staged = mount.staged("turn-2");
@@ -700,19 +694,8 @@ fn a_turn_starts_from_a_checkpoint_by_copy_and_seals_only_what_changed() {
 
     // The next turn: copied, one file changed, sealed. Its unchanged gzip members
     // come from the member cache the first seal filled.
-    let staged = mount.staged("turn-3");
-    fs::create_dir(&staged).unwrap();
-    cp_a(&checkpoint.join("."), &staged);
-    fs::write(staged.join("hello.py"), "print('turn 3')\n").unwrap();
-    fs::rename(&staged, mount.committed("turn-3"))
-        .unwrap_or_else(|e| panic!("seal turn 3: {e}\n{}", mount.log_excerpt()));
-    let log = mount.log_text();
-    let sealed = log
-        .lines()
-        .rfind(|l| l.contains("sealed"))
-        .unwrap_or_default();
-    let reused = crate::util::logged_count(sealed, "members_reused");
-    assert!(reused >= 1, "turn 3 reused no member: {sealed}");
+    let reused = seal_a_changed_copy(&mount, "turn-3", &checkpoint);
+    assert!(reused >= 1, "turn 3 reused no member");
 }
 
 /// A writable mount that loaded the newest turn primes the member cache from it: a
@@ -739,12 +722,7 @@ fn a_workspace_copied_from_outside_reuses_the_newest_turns_members() {
         .next()
         .unwrap()
         .to_owned();
-    let checkpoint = mount.join(&sha);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !checkpoint.exists() {
-        assert!(std::time::Instant::now() < deadline, "{sha} never listed");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let checkpoint = listed(&mount, &sha);
     // Browsing it loads it.
     assert!(
         sh("ls -lR \"$1\" >/dev/null", &[&checkpoint])
@@ -765,19 +743,37 @@ fn a_workspace_copied_from_outside_reuses_the_newest_turns_members() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 
-    let staged = mount.staged("turn-2");
+    let reused = seal_a_changed_copy(&mount, "turn-2", &src);
+    assert!(reused >= 1, "the seal reused no member");
+}
+
+/// The checkpoint `sha` in the mount, once the listing picked it up (within the
+/// refresh interval).
+fn listed(mount: &MountedStore, sha: &str) -> std::path::PathBuf {
+    let checkpoint = mount.join(sha);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !checkpoint.exists() {
+        assert!(std::time::Instant::now() < deadline, "{sha} never listed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    checkpoint
+}
+
+/// Copies `from` into a new workspace `name`, changes its `hello.py` and seals it;
+/// returns the members the mount has reused so far, from the seal's log line.
+fn seal_a_changed_copy(mount: &MountedStore, name: &str, from: &Path) -> u64 {
+    let staged = mount.staged(name);
     fs::create_dir(&staged).unwrap();
-    cp_a(&src.join("."), &staged);
-    fs::write(staged.join("hello.py"), "print('turn 2')\n").unwrap();
-    fs::rename(&staged, mount.committed("turn-2"))
-        .unwrap_or_else(|e| panic!("seal turn 2: {e}\n{}", mount.log_excerpt()));
+    cp_a(&from.join("."), &staged);
+    fs::write(staged.join("hello.py"), format!("print('{name}')\n")).unwrap();
+    fs::rename(&staged, mount.committed(name))
+        .unwrap_or_else(|e| panic!("seal {name}: {e}\n{}", mount.log_excerpt()));
     let log = mount.log_text();
     let sealed = log
         .lines()
         .rfind(|l| l.contains("sealed"))
         .unwrap_or_default();
-    let reused = crate::util::logged_count(sealed, "members_reused");
-    assert!(reused >= 1, "the seal reused no member: {sealed}");
+    crate::util::logged_count(sealed, "members_reused")
 }
 
 /// Non-empty regular files under `root`, hard links counted once.
