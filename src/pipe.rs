@@ -93,7 +93,12 @@ impl Write for PipeWriter {
 
 impl Drop for PipeWriter {
     fn drop(&mut self) {
-        let _ = self.flush();
+        // A writer dropped by a panic must not end the stream as if it were whole.
+        if std::thread::panicking() {
+            let _ = self.send(Err(io::Error::other("the writing thread panicked")));
+        } else {
+            let _ = self.flush();
+        }
         self.tx = None;
     }
 }
@@ -126,6 +131,20 @@ impl Read for PipeReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writer_that_panics_ends_the_stream_with_an_error() {
+        let (mut writer, mut reader) = pipe(2);
+        let sender = std::thread::spawn(move || {
+            writer.write_all(&[7u8; 100]).unwrap();
+            panic!("on purpose");
+        });
+        assert!(sender.join().is_err());
+        let mut received = Vec::new();
+        let error = reader.read_to_end(&mut received).unwrap_err();
+        assert_eq!(error.to_string(), "the writing thread panicked");
+        assert!(received.is_empty(), "what was buffered is not handed on");
+    }
 
     #[test]
     fn carries_bytes_and_errors_across_threads() {

@@ -326,8 +326,12 @@ impl Cache {
         // Before the verdict is awaited: neither the inflating thread nor the download
         // thread may wait on a pipe nobody reads.
         drop(tar);
-        inflater.join().expect("the inflating thread panicked");
-        let counts = recorder.lock().expect("member recorder lock").counts();
+        // Its pipe ended in an error then, which the build saw; the load fails.
+        let inflated = inflater
+            .join()
+            .map_err(|_| io::Error::other("the inflating thread panicked"));
+        // (Poisoned only if the inflating thread panicked: the load fails below.)
+        let counts = recorder.lock().unwrap_or_else(|e| e.into_inner()).counts();
         self.reused_members
             .fetch_add(counts.reused, Ordering::Relaxed);
         self.inflated_members
@@ -347,6 +351,7 @@ impl Cache {
         let provenance = Provenance::Store {
             verified_at: SystemTime::now(),
         };
+        inflated.map_err(io_err(&self.checkpoints))?;
         let checkpoint = self.finish(pending, id, built?, provenance)?;
         let layout = recorder.lock().expect("member recorder lock").take_layout();
         if let (Some(members), Some(layout)) = (self.layouts.get(), layout)

@@ -245,8 +245,13 @@ impl Drop for Loader {
             self.shared.stop.store(true, Ordering::SeqCst);
         }
         self.shared.queued.notify_all();
+        // The last reference may go on a worker (a hook that held one): it cannot
+        // join itself, and ends on its own once it sees `stop`.
+        let me = std::thread::current().id();
         for worker in self.workers.drain(..) {
-            let _ = worker.join();
+            if worker.thread().id() != me {
+                let _ = worker.join();
+            }
         }
     }
 }
