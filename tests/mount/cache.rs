@@ -291,11 +291,15 @@ pub(super) fn a_checkpoint_larger_than_the_cache_still_reads(store: &TestStore) 
     assert!(blob == random_bytes(BLOB, 7));
 }
 
-/// Bytes of the regular files under `dir`, each inode counted once (as `du` counts).
-fn distinct_bytes(dir: &Path) -> u64 {
+/// Bytes of the checkpoints in the cache directory `cache` (entries and the blobs
+/// they share; not the member cache beside them, which a writable mount fills from
+/// the newest checkpoint), each inode counted once (as `du` counts).
+fn distinct_bytes(cache: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut seen = std::collections::BTreeSet::new();
-    files_under(dir)
+    let mut files = files_under(&cache.join("checkpoints"));
+    files.extend(files_under(&cache.join("blobs")));
+    files
         .into_iter()
         .filter(|(path, _)| seen.insert(fs::symlink_metadata(path).unwrap().ino()))
         .map(|(_, len)| len)
