@@ -205,8 +205,10 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let cache_dir = crate::trusted::trusted_dir(&cache_dir(args.cache_dir.as_deref())?)?;
     // Cache errors name the directory.
     let cache = Arc::new(Cache::open(&cache_dir, args.cache_size)?);
-    // SAFETY: getuid and getgid have no preconditions and cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     let staging_dir = args
         .staging_dir
         .clone()

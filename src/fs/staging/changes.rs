@@ -10,9 +10,10 @@ use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 
-use super::{Caller, Loc, OMIT, STAGING_BIT, SetAttr, StagingTree, open_checked, os, timespec};
+use super::{Caller, Loc, OMIT, SetAttr, StagingTree, open_checked, os, timespec};
 use crate::beneath;
 use crate::fs::inode;
+use crate::fs::inode::STAGED_BIT;
 use crate::fs::{Attr, FsError, Opened};
 
 impl StagingTree {
@@ -369,7 +370,7 @@ impl StagingTree {
         let attr = self.lookup_attr(parent, name)?;
         self.keep_open(attr.ino, file, access);
         let opened = Opened {
-            fh: STAGING_BIT,
+            fh: STAGED_BIT,
             backing: None,
             keep_cache: true,
             direct_io: true,

@@ -6,7 +6,7 @@
 //! handled by the backing filesystem. Directory descriptors are kept for the most
 //! recently used [`DIR_FDS`] directories and opened again by name when needed, so a
 //! writer cannot use up the daemon's descriptors by making directories. FUSE inode numbers are the
-//! backing inode numbers with [`STAGING_BIT`] set. Reads and writes come by inode,
+//! backing inode numbers with [`inode::STAGED_BIT`] set. Reads and writes come by inode,
 //! since the kernel opens files without asking the daemon (see `files.rs`).
 //!
 //! While a workspace is being sealed, its inodes are *frozen*: any change to them, or
@@ -67,9 +67,6 @@ pub const STAGED_TTL: Duration = Duration::from_secs(3600);
 /// earlier run), and `staging/` neither shows it nor lets anyone make, move or remove
 /// an entry of that name.
 const GRAVEYARD: &str = ".ckptfs-graveyard";
-
-/// Set in every FUSE inode number and file handle that belongs to staging.
-pub const STAGING_BIT: u64 = inode::STAGED_BIT;
 
 /// A time to set, as the kernel asks for it.
 #[derive(Debug, Clone, Copy)]
@@ -368,7 +365,7 @@ impl StagingTree {
         if backing_ino == self.root_ino {
             inode::STAGING
         } else {
-            STAGING_BIT | backing_ino
+            inode::STAGED_BIT | backing_ino
         }
     }
 
@@ -858,7 +855,7 @@ impl Subtree for StagingTree {
         let _changing = self.changing();
         self.check_open(ino, flags)?;
         Ok(Opened {
-            fh: STAGING_BIT,
+            fh: inode::STAGED_BIT,
             backing: None,
             keep_cache: true,
             direct_io: false,
