@@ -47,7 +47,7 @@ use crate::archive::members::MemberCache;
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
 use crate::pipe::{PipeReader, pipe, pump};
-use reuse::{Known, MemberReader, Recorder};
+use reuse::{Indexing, Known, MemberReader, Recorder};
 
 /// Entries, used last, whose gzip members a load may rebuild instead of inflating.
 const REUSE_SOURCES: usize = 4;
@@ -313,7 +313,7 @@ impl Cache {
         pending.record_members(Arc::clone(&recorder));
         let known = Known::read(self.recent_entries(REUSE_SOURCES));
         let (chunks, verdict) = read_ahead(reader);
-        let members = MemberReader::new(chunks, known, Arc::clone(&recorder)).ahead();
+        let members = MemberReader::new(chunks, known, Arc::clone(&recorder));
         let (mut tar, inflater) = inflate_ahead(members, Arc::clone(&recorder));
         let built = index::build(&mut tar, &mut pending, limits, default_mtime);
         if built.is_ok() {
@@ -520,14 +520,6 @@ impl Trash {
     }
 }
 
-/// Reads a checkpoint stream to its end on a thread of its own, so that downloading
-/// and hashing overlap with decompressing and indexing. The thread's result is the
-/// stream's verdict; it reads to the end even when the consumer stops early, since
-/// every byte must be hashed.
-/// How often, in tar bytes read by the indexer, the members it has read past are
-/// recorded (a lock of the recorder each time).
-const FINISH_EVERY: u64 = 256 * 1024;
-
 /// Inflates `members` on a thread of its own, ahead of the indexer by at most three
 /// chunks, so that a load uses two cores for its two heavy halves: inflating (and
 /// hashing members) there, parsing tar and writing the entry's files here. Memory is
@@ -536,7 +528,7 @@ const FINISH_EVERY: u64 = 256 * 1024;
 fn inflate_ahead<R: Read + Send + 'static>(
     mut members: MemberReader<R>,
     recorder: Arc<Mutex<Recorder>>,
-) -> (Inflated, std::thread::JoinHandle<()>) {
+) -> (Indexing<PipeReader>, std::thread::JoinHandle<()>) {
     // One chunk in the pipe, one being filled, one being read: deeper pipes made
     // loads no faster and the daemon's peak memory larger (BENCHMARKS.md, section 7).
     let (mut writer, tar) = pipe(1);
@@ -548,38 +540,13 @@ fn inflate_ahead<R: Read + Send + 'static>(
             }
         })
         .expect("spawning an inflating thread");
-    let inflated = Inflated {
-        tar,
-        recorder,
-        read: 0,
-        finished: 0,
-    };
-    (inflated, thread)
+    (Indexing::new(tar, recorder), thread)
 }
 
-/// The indexer's end of [`inflate_ahead`]: says to the recorder how far it has read.
-struct Inflated {
-    tar: PipeReader,
-    recorder: Arc<Mutex<Recorder>>,
-    read: u64,
-    finished: u64,
-}
-
-impl Read for Inflated {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // Asked for the bytes at `read`, the indexer has said where every file whose
-        // contents start before went: the members that end there can be recorded.
-        if self.read >= self.finished + FINISH_EVERY {
-            let mut recorder = self.recorder.lock().expect("member recorder lock");
-            recorder.finish_through(self.read);
-            self.finished = self.read;
-        }
-        let n = self.tar.read(buf)?;
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
+/// Reads a checkpoint stream to its end on a thread of its own, so that downloading
+/// and hashing overlap with decompressing and indexing. The thread's result is the
+/// stream's verdict; it reads to the end even when the consumer stops early, since
+/// every byte must be hashed.
 fn read_ahead(
     mut reader: VerifyingReader<Box<dyn Read + Send>>,
 ) -> (

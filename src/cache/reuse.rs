@@ -7,7 +7,7 @@
 //! before anything is shown: this module changes how the tar stream is obtained, never
 //! what is checked), [`MemberReader`] turns the compressed stream into the tar stream
 //! the indexer reads, member by member (on a thread of its own, a few chunks ahead of
-//! the indexer: see [`MemberReader::ahead`]). At each member boundary it looks for a member
+//! the indexer, which tells the recorder how far it has read: [`Indexing`]). At each member boundary it looks for a member
 //! that an entry of the cache recorded: when the next compressed bytes are exactly
 //! that member (same length, same SHA-256), its tar bytes are put together again from
 //! that entry's files instead of being inflated. Every other member is inflated.
@@ -757,7 +757,9 @@ enum State<R: Read> {
 
 /// The tar stream of a gzip stream of one or more members, as flate2's
 /// `MultiGzDecoder` gives it, with members the cache knows rebuilt instead of
-/// inflated (see the module comment).
+/// inflated (see the module comment). It hands the members it gives to the
+/// recorder; they are recorded once the indexer has read past them ([`Indexing`]),
+/// which may be on another thread, behind this reader.
 pub struct MemberReader<R: Read> {
     /// `None` while a member is inflated (the decoder owns it).
     input: Option<Input<R>>,
@@ -767,9 +769,6 @@ pub struct MemberReader<R: Read> {
     /// Tar bytes handed out so far.
     served: u64,
     started: bool,
-    /// Runs ahead of the indexer (on a thread of its own): members are then finished
-    /// by whoever knows what the indexer has read ([`Recorder::finish_through`]).
-    ahead: bool,
     /// Bytes hashed or rebuilt for candidates that were not the member.
     wasted: u64,
 }
@@ -783,17 +782,8 @@ impl<R: Read> MemberReader<R> {
             recorder,
             served: 0,
             started: false,
-            ahead: false,
             wasted: 0,
         }
-    }
-
-    /// For a reader that runs ahead of the indexer, on a thread of its own: the
-    /// members it gives are finished as the indexer reads them, by
-    /// [`Recorder::finish_through`], not when this reader reaches the next one.
-    pub fn ahead(mut self) -> Self {
-        self.ahead = true;
-        self
     }
 
     fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
@@ -951,11 +941,6 @@ impl<R: Read> Read for MemberReader<R> {
                     }
                 }
                 State::Boundary => {
-                    // The indexer asks for more: it has read every member before.
-                    if !self.ahead {
-                        let served = self.served;
-                        self.recorder().finish_through(served);
-                    }
                     let input = self.input.as_mut().expect("the input, between members");
                     // As MultiGzDecoder: the stream ends where a member ends and
                     // nothing follows; the first member is inflated whatever it is.
@@ -980,6 +965,45 @@ impl<R: Read> Read for MemberReader<R> {
                 }
             }
         }
+    }
+}
+
+/// How often, in tar bytes read by the indexer, the members it has read past are
+/// recorded (a lock of the recorder each time).
+const FINISH_EVERY: u64 = 256 * 1024;
+
+/// The indexer's end of the tar stream: tells the recorder how far the indexer has
+/// read, so that the members it has read past are recorded.
+pub struct Indexing<R> {
+    tar: R,
+    recorder: Arc<Mutex<Recorder>>,
+    read: u64,
+    finished: u64,
+}
+
+impl<R: Read> Indexing<R> {
+    pub fn new(tar: R, recorder: Arc<Mutex<Recorder>>) -> Self {
+        Indexing {
+            tar,
+            recorder,
+            read: 0,
+            finished: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Indexing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Asked for the bytes at `read`, the indexer has said where every file whose
+        // contents start before went: the members that end there can be recorded.
+        if self.read >= self.finished + FINISH_EVERY {
+            let mut recorder = self.recorder.lock().expect("member recorder lock");
+            recorder.finish_through(self.read);
+            self.finished = self.read;
+        }
+        let n = self.tar.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
     }
 }
 
@@ -1209,7 +1233,8 @@ mod tests {
         let mut pending = reference.begin().unwrap();
         let recorder = Arc::new(Mutex::new(Recorder::default()));
         pending.record_members(Arc::clone(&recorder));
-        let mut reader = MemberReader::new(&bytes[..], Known::default(), recorder);
+        let members = MemberReader::new(&bytes[..], Known::default(), Arc::clone(&recorder));
+        let mut reader = Indexing::new(members, recorder);
         let index =
             crate::archive::index::build(&mut reader, &mut pending, Limits::DEFAULT, 0).unwrap();
         let tail = crate::archive::gz::CHUNK_SIZE as u64 + 1;
@@ -1301,7 +1326,7 @@ mod tests {
             let stream = member.repeat(count);
             let recorder = Arc::new(Mutex::new(Recorder::default()));
             let mut reader =
-                MemberReader::new(&stream[..], Known::default(), Arc::clone(&recorder)).ahead();
+                MemberReader::new(&stream[..], Known::default(), Arc::clone(&recorder));
             let mut tar = Vec::new();
             reader.read_to_end(&mut tar).unwrap();
             assert_eq!(tar.len(), payload.len() * count);
