@@ -169,11 +169,15 @@ fn s3_a_running_mount_survives_the_store_going_away_and_coming_back() {
     assert_same_tree(&a, &mount.join(&sha_a));
 
     proxy.set(Fault::Down);
+    // Each step waits up to WAIT (a load under a dead store takes about 10 s of
+    // retries) and fails with the daemon's log, which says what it was doing.
+    const WAIT: Duration = Duration::from_secs(30);
+    let log = || format!("daemon log:\n{}", mount.log_text());
     // What is verified keeps being served; what is not answers EIO with a reason.
     assert_same_tree(&a, &mount.join(&sha_a));
-    let err = list(&mount.join(&sha_b)).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    let listing_failed = eventually(Duration::from_secs(10), || {
+    let err = list(&mount.join(&sha_b)).expect_err(&log());
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}\n{}", log());
+    let listing_failed = eventually(WAIT, || {
         let text = mount.status_text();
         if text.contains("# listing failed: ") {
             Ok(text)
@@ -181,25 +185,31 @@ fn s3_a_running_mount_survives_the_store_going_away_and_coming_back() {
             Err(std::io::Error::other("not yet"))
         }
     });
-    assert!(listing_failed.is_ok(), "{}", mount.status_text());
+    assert!(listing_failed.is_ok(), "{}\n{}", mount.status_text(), log());
     // The root still lists both checkpoints (from the last good listing).
     let root: Vec<_> = fs::read_dir(mount.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert!(root.iter().any(|n| n.to_str() == Some(sha_b.as_str())));
+    assert!(
+        root.iter().any(|n| n.to_str() == Some(sha_b.as_str())),
+        "{root:?}\n{}",
+        log()
+    );
 
     proxy.set(Fault::Pass);
-    eventually(Duration::from_secs(10), || list(&mount.join(&sha_b))).unwrap();
+    if let Err(e) = eventually(WAIT, || list(&mount.join(&sha_b))) {
+        panic!("{sha_b} still unreadable: {e}\n{}", log());
+    }
     assert_same_tree(&b, &mount.join(&sha_b));
-    eventually(Duration::from_secs(10), || {
+    let recovered = eventually(WAIT, || {
         if mount.status_text().contains("listing failed") {
             Err(std::io::Error::other("still failing"))
         } else {
             Ok(())
         }
-    })
-    .unwrap();
+    });
+    assert!(recovered.is_ok(), "{}\n{}", mount.status_text(), log());
 }
 
 #[test]
