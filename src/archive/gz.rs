@@ -29,8 +29,6 @@ use std::thread::JoinHandle;
 use flate2::{Compression, GzBuilder};
 use sha2::{Digest, Sha256};
 
-use super::members::{MemberCache, MemberSpan};
-
 /// The most uncompressed bytes in one gzip member. Changing any of these constants,
 /// or the path hash, changes the digests of new captures.
 pub const CHUNK_SIZE: usize = 1 << 20;
@@ -40,6 +38,22 @@ pub const LARGE_ENTRY: u64 = 256 << 10;
 pub const MIN_MEMBER: usize = 64 << 10;
 /// One path in `GROUP` starts a new group of small entries.
 pub const GROUP: u64 = 16;
+
+/// One gzip member of an archive: the SHA-256 of its compressed bytes, and how many
+/// there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberSpan {
+    pub digest: [u8; 32],
+    pub length: u64,
+}
+
+/// Members compressed before, taken instead of compressing the same data again (the
+/// member cache of [`super::members`]); it must give exactly what
+/// [`compress_member`] would.
+pub trait MemberSource: Send + Sync {
+    /// The member for `data`, and the SHA-256 of its compressed bytes.
+    fn member(&self, data: &[u8]) -> io::Result<(Vec<u8>, [u8; 32])>;
+}
 
 /// A compressed member, with the SHA-256 of its bytes when capture records layouts.
 type Compressed = (Vec<u8>, Option<[u8; 32]>);
@@ -72,7 +86,7 @@ pub(crate) fn compress_member(data: &[u8]) -> io::Result<Vec<u8>> {
 impl<W: Write> ParallelGzWriter<W> {
     /// With `members`, a member already compressed by an earlier capture is taken
     /// from there instead of being compressed again.
-    pub fn new(out: W, threads: usize, members: Option<Arc<MemberCache>>) -> Self {
+    pub fn new(out: W, threads: usize, members: Option<Arc<dyn MemberSource>>) -> Self {
         let threads = threads.max(1);
         let (job_tx, job_rx) = mpsc::sync_channel::<Job>(threads);
         let job_rx = Arc::new(Mutex::new(job_rx));
@@ -90,9 +104,9 @@ impl<W: Write> ParallelGzWriter<W> {
                             // The digest names the member in layouts (server-side copy);
                             // hashed here, on the worker, rather than in order.
                             let member = match &members {
-                                Some(cache) => cache
-                                    .get_or_compress(&data, compress_member)
-                                    .map(|(m, digest)| (m, Some(digest))),
+                                Some(source) => {
+                                    source.member(&data).map(|(m, digest)| (m, Some(digest)))
+                                }
                                 None => compress_member(&data).map(|m| (m, None)),
                             };
                             let _ = reply.send(member);

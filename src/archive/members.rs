@@ -53,6 +53,8 @@ use lru::LruCache;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
+use super::gz::{MemberSource, MemberSpan, compress_member};
+
 /// Compressed members smaller than this are not kept.
 pub const MIN_KEPT: usize = 4 << 10;
 /// Layouts kept: those of the objects stored last, whose ranges a new capture may
@@ -68,14 +70,6 @@ const MAX_LAYOUT: u64 = 16 << 20;
 /// Members whose compressed digest this process remembers (64 bytes each, plus the
 /// map's own): those of several archives of a GiB.
 const KNOWN_MEMBERS: usize = 16_384;
-
-/// One gzip member of an archive: the SHA-256 of its compressed bytes, and how many
-/// there are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemberSpan {
-    pub digest: [u8; 32],
-    pub length: u64,
-}
 
 /// What [`MemberCache::prime`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +172,7 @@ impl MemberCache {
         .map_err(os)?;
         check_private(&parent, "the cache directory")?;
         let members = private_dir_at(&parent, name)?;
-        let probe = super::gz::compress_member(PROBE)?;
+        let probe = compress_member(PROBE)?;
         let encoder = format!("v1-{}", &hex::encode(Sha256::digest(&probe))[..16]);
         let dir = private_dir_at(&members, &encoder)?;
         let mut header = [0u8; 10];
@@ -571,6 +565,12 @@ fn inflates_to(member: &[u8], data: &[u8]) -> bool {
         }
     }
     expected.is_empty() && decoder.into_inner().is_empty()
+}
+
+impl MemberSource for MemberCache {
+    fn member(&self, data: &[u8]) -> io::Result<(Vec<u8>, [u8; 32])> {
+        self.get_or_compress(data, compress_member)
+    }
 }
 
 #[cfg(test)]

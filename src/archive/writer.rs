@@ -29,12 +29,13 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::gz::ParallelGzWriter;
+use super::gz::{MemberSource, ParallelGzWriter};
 use super::{ArchiveError, MAX_PATH, display_path};
 use crate::beneath;
 
@@ -49,7 +50,7 @@ pub struct WriterOptions {
     /// Compression threads; the output does not depend on it.
     pub threads: usize,
     /// Members compressed by earlier captures; the output does not depend on it.
-    pub members: Option<std::sync::Arc<super::members::MemberCache>>,
+    pub members: Option<Arc<super::members::MemberCache>>,
 }
 
 /// The digest and length of the compressed archive that was written.
@@ -59,7 +60,7 @@ pub struct WrittenArchive {
     pub size: u64,
     /// Its gzip members in order, when written with a member cache (else empty): what
     /// a later capture looks for to copy ranges in the store instead of sending them.
-    pub members: Vec<super::members::MemberSpan>,
+    pub members: Vec<super::gz::MemberSpan>,
 }
 
 /// Archives the tree under the directory `root` into `out`.
@@ -87,7 +88,8 @@ pub fn write_archive_with_copy<W: Write>(
         written: 0,
         limit: options.max_size,
     };
-    let gz = ParallelGzWriter::new(hashing, options.threads, options.members.clone());
+    let members = options.members.clone().map(|m| m as Arc<dyn MemberSource>);
+    let gz = ParallelGzWriter::new(hashing, options.threads, members);
     let mut builder = tar::Builder::new(Tee {
         gz,
         copy: Some(tar_copy),

@@ -49,8 +49,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
+use crate::archive::gz::MemberSpan;
 use crate::archive::index::{FileLocation, Index, NodeKind};
-use crate::archive::members::MemberSpan;
 use crate::beneath::open_regular;
 
 /// Compressed bytes hashed to find candidates (members shorter are not recorded).

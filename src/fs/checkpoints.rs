@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::inode::{self, Inode};
+use super::listing::Load;
 use super::listing::{Catalog, Slot};
-use super::loader::{Load, Loader};
+use super::loader::Loader;
 use super::readahead::ReadAhead;
 use super::{
     Attr, CopySource, DirEntry, Entry, FileKind, FsError, KernelCache, NO_HANDLE, Opened, Subtree,

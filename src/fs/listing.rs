@@ -9,11 +9,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use super::inode::{self, Inode};
-use super::loader::Load;
 use super::{DirEntry, FileKind};
+use crate::cache::{Provenance, VerifiedCheckpoint};
 use crate::checkpoint::{self, CaptureTimes, CheckpointId, CheckpointInfo, Exact};
 use crate::store::{ObjectStore, StoreError};
 
@@ -23,6 +23,51 @@ pub struct Slot {
     pub index: usize,
     pub info: CheckpointInfo,
     pub load: Mutex<Load>,
+}
+
+/// An operation waiting for a checkpoint's load to end.
+pub type Waiter = Box<dyn FnOnce() + Send>;
+
+/// Where a checkpoint stands in the mount (the loader moves it along).
+pub enum Load {
+    Unloaded,
+    /// Queued or running, with the continuations waiting for it.
+    Loading(Vec<Waiter>),
+    Loaded(Arc<VerifiedCheckpoint>),
+    Failed {
+        reason: String,
+        at: Instant,
+    },
+}
+
+impl Load {
+    /// What `.status` says of it.
+    pub fn describe(&self) -> String {
+        match self {
+            Load::Unloaded => "listed".to_owned(),
+            Load::Loading(_) => "verifying".to_owned(),
+            Load::Loaded(checkpoint) => {
+                let time = |t| humantime::format_rfc3339_seconds(t);
+                match checkpoint.provenance {
+                    Provenance::Store { verified_at } => {
+                        format!("verified {} from the store", time(verified_at))
+                    }
+                    Provenance::Sealed { sealed_at } => {
+                        format!("verified {} when sealed by this mount", time(sealed_at))
+                    }
+                    Provenance::Cache {
+                        verified_at,
+                        checked_at,
+                    } => format!(
+                        "verified {} from the store, served from the cache (re-checked {})",
+                        time(verified_at),
+                        time(checked_at)
+                    ),
+                }
+            }
+            Load::Failed { reason, .. } => format!("FAILED: {reason}"),
+        }
+    }
 }
 
 /// The store's contents at one listing, with the views derived from it.

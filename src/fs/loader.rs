@@ -28,9 +28,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::FsError;
-use super::listing::{Catalog, Slot};
+use super::listing::{Catalog, Load, Slot, Waiter};
 use crate::archive::Limits;
-use crate::cache::{Cache, CacheError, Provenance, VerifiedCheckpoint};
+use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
 use crate::checkpoint::{CheckpointId, VerifyFailure};
 use crate::store::ObjectStore;
 
@@ -38,49 +38,6 @@ use crate::store::ObjectStore;
 pub const FAILURE_REUSE: Duration = Duration::from_secs(1);
 /// Pauses before the second and third attempt of a load whose transfer broke.
 const RETRY_BACKOFF: [Duration; 2] = [Duration::from_millis(500), Duration::from_secs(2)];
-
-pub type Waiter = Box<dyn FnOnce() + Send>;
-
-pub enum Load {
-    Unloaded,
-    /// Queued or running, with the continuations waiting for it.
-    Loading(Vec<Waiter>),
-    Loaded(Arc<VerifiedCheckpoint>),
-    Failed {
-        reason: String,
-        at: Instant,
-    },
-}
-
-impl Load {
-    /// What `.status` says of it.
-    pub fn describe(&self) -> String {
-        match self {
-            Load::Unloaded => "listed".to_owned(),
-            Load::Loading(_) => "verifying".to_owned(),
-            Load::Loaded(checkpoint) => {
-                let time = |t| humantime::format_rfc3339_seconds(t);
-                match checkpoint.provenance {
-                    Provenance::Store { verified_at } => {
-                        format!("verified {} from the store", time(verified_at))
-                    }
-                    Provenance::Sealed { sealed_at } => {
-                        format!("verified {} when sealed by this mount", time(sealed_at))
-                    }
-                    Provenance::Cache {
-                        verified_at,
-                        checked_at,
-                    } => format!(
-                        "verified {} from the store, served from the cache (re-checked {})",
-                        time(verified_at),
-                        time(checked_at)
-                    ),
-                }
-            }
-            Load::Failed { reason, .. } => format!("FAILED: {reason}"),
-        }
-    }
-}
 
 /// The default number of loaders: each one keeps about two cores busy (download and
 /// hashing, decompression and indexing), and at least two let a small checkpoint be
