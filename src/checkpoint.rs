@@ -26,9 +26,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use crate::archive::members::MemberCache;
 use crate::archive::writer::{self, WriterOptions};
 use crate::archive::{self, ArchiveError, Limits};
+use crate::members::store::MemberCache;
 use crate::store::{ObjectInfo, ObjectStore, Progress, PutMode, PutOutcome, StoreError};
 
 /// The SHA-256 of a checkpoint object, as 64 lowercase hex digits.
@@ -604,8 +604,8 @@ pub struct PutOptions<'a> {
     /// Where the archive is written before upload.
     pub temp_dir: &'a Path,
     pub threads: usize,
-    /// Gzip members of earlier captures (see [`crate::archive::members`]).
-    pub members: Option<std::sync::Arc<crate::archive::members::MemberCache>>,
+    /// Gzip members of earlier captures (see [`crate::members::store`]).
+    pub members: Option<std::sync::Arc<crate::members::store::MemberCache>>,
     /// The checkpoint this one was made from, recorded in its metadata.
     pub parent: Option<CheckpointId>,
 }
@@ -679,7 +679,10 @@ pub fn write_archive_file(
             max_size: options.max_archive_size,
             max_unpacked: options.max_unpacked,
             threads: options.threads,
-            members: options.members.clone(),
+            members: options
+                .members
+                .clone()
+                .map(|m| m as std::sync::Arc<dyn crate::archive::gz::MemberSource>),
         },
         tar_copy,
     )?;

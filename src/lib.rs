@@ -2,7 +2,8 @@
 //! filesystem and a command-line tool.
 //!
 //! Data flows one way: [`cli`] → [`store`] (S3 or a local directory) → [`archive`]
-//! (tar.gz writing, indexing, extraction) → [`cache`] (verified local copies) →
+//! (tar.gz writing, indexing, extraction) → [`members`] (the gzip members one turn
+//! reuses of the last, capturing and loading) → [`cache`] (verified local copies) →
 //! [`fs`] (the filesystem logic, the thin FUSE adapter, and mounting). [`checkpoint`]
 //! names checkpoints and verifies them on top of a store. [`review`] compares and
 //! reads verified checkpoints for the host-side review commands; [`prune`] decides
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod commands;
 pub mod fs;
 pub mod history;
+pub mod members;
 pub mod mount_helper;
 pub mod pipe;
 pub mod printable;

@@ -48,11 +48,17 @@ pub struct MemberSpan {
 }
 
 /// Members compressed before, taken instead of compressing the same data again (the
-/// member cache of [`super::members`]); it must give exactly what
+/// member cache of [`crate::members::store`]); it must give exactly what
 /// [`compress_member`] would.
 pub trait MemberSource: Send + Sync {
     /// The member for `data`, and the SHA-256 of its compressed bytes.
     fn member(&self, data: &[u8]) -> io::Result<(Vec<u8>, [u8; 32])>;
+
+    /// Called once an archive is written, also after a failure: a cache that keeps
+    /// what it was given returns within its bound here.
+    fn trim(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A compressed member, with the SHA-256 of its bytes when capture records layouts.

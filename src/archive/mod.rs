@@ -32,7 +32,6 @@
 pub mod extract;
 pub mod gz;
 pub mod index;
-pub mod members;
 pub mod writer;
 
 use std::cell::{Cell, RefCell};

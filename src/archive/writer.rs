@@ -50,7 +50,7 @@ pub struct WriterOptions {
     /// Compression threads; the output does not depend on it.
     pub threads: usize,
     /// Members compressed by earlier captures; the output does not depend on it.
-    pub members: Option<Arc<super::members::MemberCache>>,
+    pub members: Option<Arc<dyn MemberSource>>,
 }
 
 /// The digest and length of the compressed archive that was written.
@@ -88,8 +88,7 @@ pub fn write_archive_with_copy<W: Write>(
         written: 0,
         limit: options.max_size,
     };
-    let members = options.members.clone().map(|m| m as Arc<dyn MemberSource>);
-    let gz = ParallelGzWriter::new(hashing, options.threads, members);
+    let gz = ParallelGzWriter::new(hashing, options.threads, options.members.clone());
     let mut builder = tar::Builder::new(Tee {
         gz,
         copy: Some(tar_copy),
@@ -771,7 +770,7 @@ mod tests {
     /// same bytes, and damage is found and repaired.
     #[test]
     fn the_member_cache_reuses_members_and_never_changes_the_archive() {
-        use super::super::members::{MIN_KEPT, MemberCache};
+        use crate::members::store::{MIN_KEPT, MemberCache};
         use std::os::unix::fs::MetadataExt;
         use std::sync::Arc;
         use std::sync::atomic::Ordering::Relaxed;
@@ -799,7 +798,7 @@ mod tests {
         let with = |members: Option<Arc<MemberCache>>| {
             let mut out = Vec::new();
             let options = WriterOptions {
-                members,
+                members: members.map(|m| m as Arc<dyn MemberSource>),
                 ..options()
             };
             archive_of(tree.path(), &mut out, &options).unwrap();
@@ -885,7 +884,7 @@ mod tests {
     /// A capture that fails (here: over the archive limit) still trims what it kept.
     #[test]
     fn a_failed_capture_leaves_the_member_cache_within_its_bound() {
-        use super::super::members::MemberCache;
+        use crate::members::store::MemberCache;
         use std::os::unix::fs::MetadataExt;
         let tree = tempfile::tempdir().unwrap();
         workspace(tree.path());

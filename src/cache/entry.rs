@@ -8,7 +8,7 @@
 //!                      also linked as a blob when it is finished ([`super::blobs`]),
 //!                      or replaced by a link to the blob of the same content
 //! <entry>/members      the gzip members its load inflated, and how to rebuild their
-//!                      tar bytes from the files above ([`super::reuse`]; optional)
+//!                      tar bytes from the files above ([`crate::members::records`]; optional)
 //! ```
 //!
 //! Every file is 0600 in a 0700 directory. An entry is written in a private
@@ -26,10 +26,11 @@ use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::blobs::Blobs;
-use super::reuse::{self, Recorder};
 use super::{CacheError, io_err, read_at};
 use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
 use crate::checkpoint::CheckpointId;
+use crate::members::recorder::Recorder;
+use crate::members::records;
 
 fn pack_path(dir: &Path) -> PathBuf {
     dir.join("pack")
@@ -126,7 +127,7 @@ impl VerifiedCheckpoint {
 }
 
 /// The tar bytes of the gzip members `checkpoint`'s load recorded, in order (see
-/// [`reuse::rebuild_each`]), while it stays loaded: the entry is not held meanwhile,
+/// [`records::rebuild_each`]), while it stays loaded: the entry is not held meanwhile,
 /// and once it is evicted the rest is skipped. `each` says whether to go on.
 pub fn member_tars(
     checkpoint: &Weak<VerifiedCheckpoint>,
@@ -135,7 +136,7 @@ pub fn member_tars(
     let Some(dir) = checkpoint.upgrade().map(|c| c.dir.clone()) else {
         return Ok(0);
     };
-    reuse::rebuild_each(&dir, |tar| checkpoint.strong_count() > 0 && each(tar))
+    records::rebuild_each(&dir, |tar| checkpoint.strong_count() > 0 && each(tar))
 }
 
 /// A cache entry being written; removed unless finished. The indexer writes file
@@ -151,7 +152,7 @@ pub struct PendingEntry {
     /// Records the members of the archive being indexed, when it comes from one.
     members: Option<Arc<Mutex<Recorder>>>,
     /// The SHA-256 of the next file of its own, when its bytes are known to be a
-    /// whole file of an entry whose digest was recorded (see [`reuse`]).
+    /// whole file of an entry whose digest was recorded (see [`records`]).
     known_digest: Option<(u32, [u8; 32])>,
 }
 
@@ -174,7 +175,7 @@ impl PendingEntry {
     }
 
     /// Records the archive's members as it is indexed, written with the entry.
-    pub(super) fn record_members(&mut self, recorder: Arc<Mutex<Recorder>>) {
+    pub(crate) fn record_members(&mut self, recorder: Arc<Mutex<Recorder>>) {
         self.members = Some(recorder);
     }
 
@@ -211,7 +212,7 @@ impl PendingEntry {
                 .finish(&index, &digests);
             let path = dir.join("members");
             // Only a hint for later loads: without it, they inflate everything.
-            if let Err(e) = reuse::write_records(&path, &records) {
+            if let Err(e) = records::write_records(&path, &records) {
                 tracing::warn!(path = %path.display(), error = %e, "could not record members");
                 let _ = fs::remove_file(&path);
             }

@@ -10,7 +10,7 @@
 //! lock                       flock: one daemon per cache directory
 //! members/                   compressed gzip members of captures, and the layouts of
 //!                            objects stored or downloaded (not this module's: see
-//!                            `crate::archive::members`; shared with `put`)
+//!                            `crate::members::store`; shared with `put`)
 //! ```
 //!
 //! Invariants:
@@ -26,7 +26,6 @@
 
 pub mod blobs;
 pub mod entry;
-pub mod reuse;
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File};
@@ -43,11 +42,13 @@ use blobs::Blobs;
 pub use entry::{PendingEntry, Provenance, VerifiedCheckpoint};
 
 use crate::archive::index::{self, Index};
-use crate::archive::members::MemberCache;
 use crate::archive::{ArchiveError, Limits};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, VerifyFailure, VerifyingReader};
+use crate::members::reader::{Indexing, MemberReader};
+use crate::members::recorder::Recorder;
+use crate::members::records::Known;
+use crate::members::store::MemberCache;
 use crate::pipe::{PipeReader, pipe, pump};
-use reuse::{Indexing, Known, MemberReader, Recorder};
 
 /// Entries, used last, whose gzip members a load may rebuild instead of inflating.
 const REUSE_SOURCES: usize = 4;
@@ -244,7 +245,7 @@ impl Cache {
         })
     }
 
-    fn entry_dir(&self, id: &CheckpointId) -> PathBuf {
+    pub(crate) fn entry_dir(&self, id: &CheckpointId) -> PathBuf {
         self.checkpoints.join(id.as_str())
     }
 

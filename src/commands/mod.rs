@@ -164,20 +164,20 @@ pub(super) fn cache_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// The member cache in `cache_dir/members` (see [`crate::archive::members`]), or
+/// The member cache in `cache_dir/members` (see [`crate::members::store`]), or
 /// none when `size` is 0 or it cannot be made: it changes how fast a capture is,
 /// never what it writes, so a capture goes on without it.
 pub(super) fn member_cache(
     cache_dir: &Path,
     size: u64,
-) -> Option<Arc<crate::archive::members::MemberCache>> {
+) -> Option<Arc<crate::members::store::MemberCache>> {
     if size == 0 {
         return None;
     }
     let made = crate::trusted::trusted_dir(cache_dir)
         .map_err(|e| e.to_string())
         .and_then(|dir| {
-            crate::archive::members::MemberCache::open(&dir.join("members"), size)
+            crate::members::store::MemberCache::open(&dir.join("members"), size)
                 .map_err(|e| e.to_string())
         });
     match made {

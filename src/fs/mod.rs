@@ -29,6 +29,7 @@ pub mod loader;
 pub mod metrics;
 pub mod mount;
 mod passthrough;
+mod primer;
 mod readahead;
 pub mod sealer;
 pub mod staging;
@@ -49,6 +50,7 @@ pub use error::FsError;
 use inode::{Inode, Owner};
 use listing::Catalog;
 use loader::{Loader, LoaderConfig};
+use primer::Primer;
 use sealer::{SealDone, Sealer, SealerConfig};
 pub use staging::{Caller, SetAttr, SetTime, StagingTree};
 use views::Views;
@@ -69,7 +71,7 @@ pub struct FsConfig {
     /// Compression threads for sealing.
     pub threads: usize,
     /// Gzip members of earlier captures, for sealing.
-    pub members: Option<Arc<crate::archive::members::MemberCache>>,
+    pub members: Option<Arc<crate::members::store::MemberCache>>,
     /// Checkpoints loaded at once (see [`loader::default_loaders`]).
     pub loaders: usize,
     /// No `staging/` and no `commit/`.
@@ -241,6 +243,8 @@ pub struct CheckpointFs {
     checkpoints: Arc<Checkpoints>,
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
+    /// Fills the member cache from checkpoints the next turn is likely made from.
+    primer: Option<Arc<Primer>>,
     latencies: Arc<metrics::Latencies>,
     /// Every open goes through the daemon: for passthrough, or because the mount is
     /// writable, so that the kernel would let checkpoint files be opened for writing.
@@ -294,20 +298,23 @@ impl CheckpointFs {
                 limits: config.limits,
                 work_dir: config.work_dir,
                 threads: config.threads,
-                members: config.members,
+                members: config.members.clone(),
             },
         ));
-        if !config.read_only {
+        let primer = config
+            .members
+            .clone()
+            .map(|members| Arc::new(Primer::new(members)));
+        if let Some(primer) = primer.as_ref().filter(|_| !config.read_only) {
             // The newest turn is the one the next is most likely made from, and often
             // by a copy from outside the mount (a sandbox restoring its workspace),
             // which names no checkpoint: its members are primed once it is loaded, so
             // that the seal of the next turn compresses only what changed.
-            let (catalog, sealer) = (Arc::clone(&catalog), Arc::downgrade(&sealer));
+            let (catalog, primer) = (Arc::clone(&catalog), Arc::clone(primer));
             loader.on_loaded(Box::new(move |slot, checkpoint| {
                 let listing = catalog.snapshot();
-                let newest = listing.newest().is_some_and(|n| n.info.id == slot.info.id);
-                if let Some(sealer) = sealer.upgrade().filter(|_| newest) {
-                    sealer.prime(checkpoint);
+                if listing.newest().is_some_and(|n| n.info.id == slot.info.id) {
+                    primer.prime(checkpoint);
                 }
             }));
         }
@@ -332,6 +339,7 @@ impl CheckpointFs {
             checkpoints,
             staging,
             sealer,
+            primer,
             latencies,
             opens_checked: config.passthrough || !config.read_only,
             kernel,
@@ -487,8 +495,8 @@ impl CheckpointFs {
             .copy_into(ino_out, offset_out, &source, offset_in, len)?;
         // A workspace is being started from this checkpoint: its seal will compress
         // only what changed, if the member cache has the rest.
-        if let Some(checkpoint) = &source.from {
-            self.sealer.prime(checkpoint);
+        if let (Some(checkpoint), Some(primer)) = (&source.from, &self.primer) {
+            primer.prime(checkpoint);
         }
         Ok(copied)
     }

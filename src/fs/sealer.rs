@@ -19,34 +19,23 @@
 //! it ends either way; a sealer starting on the same cache directory (one daemon per
 //! cache directory) abandons the uploads a killed predecessor left, and deletes its
 //! unfinished archives.
-//!
-//! A workspace started from a checkpoint (the kernel's copies into `staging/` name
-//! it), and the newest checkpoint once a writable mount loads it (the next turn is
-//! likely made from it, perhaps by a copy from outside the mount, which names none),
-//! make the sealer fill the member cache with that checkpoint's gzip members, as
-//! capture compresses them, on one background thread at the lowest CPU priority
-//! ([`Sealer::prime`]; a checkpoint at a time, one more waiting, others dropped): the
-//! seal of the next turn then compresses only what changed, on a replica that never
-//! captured the turn it started from as on one that did.
 
-use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use super::listing::Catalog;
 use super::loader::Loader;
 use super::{FsError, StagingTree};
 use crate::archive::index;
-use crate::archive::members::{MemberCache, Primed};
 use crate::archive::{ArchiveError, Limits};
-use crate::cache::{Cache, Provenance, VerifiedCheckpoint, entry};
+use crate::cache::{Cache, Provenance};
 use crate::checkpoint::{
     self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, PutReport, StoreOutcome,
 };
+use crate::members::store::MemberCache;
 use crate::pipe::pipe;
 use crate::store::ObjectStore;
 
@@ -97,78 +86,6 @@ pub struct Sealer {
     loader: Arc<Loader>,
     config: SealerConfig,
     seals: Mutex<Seals>,
-    /// Checkpoints whose members were put in the member cache, or will be.
-    primed: Arc<Mutex<HashSet<CheckpointId>>>,
-    /// The primer thread's requests, once it runs.
-    primer: Mutex<Option<SyncSender<PrimeRequest>>>,
-}
-
-type PrimeRequest = (CheckpointId, Weak<VerifiedCheckpoint>);
-
-/// Starts the thread that primes the member cache; it ends with the sealer.
-fn start_primer(
-    members: Arc<MemberCache>,
-    primed: Arc<Mutex<HashSet<CheckpointId>>>,
-) -> Option<SyncSender<PrimeRequest>> {
-    let (queue, requests) = sync_channel::<PrimeRequest>(1);
-    let spawned = std::thread::Builder::new()
-        .name("ckptfs-prime".into())
-        .spawn(move || {
-            // Idle work: copies, seals and reads come first.
-            // SAFETY: setpriority has no memory preconditions; on Linux a thread id
-            // names that thread alone.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
-            for (id, checkpoint) in requests {
-                if checkpoint.strong_count() == 0 {
-                    tracing::debug!(checkpoint = %id, "evicted before it was primed");
-                    primed.lock().expect("primed lock").remove(&id);
-                    continue;
-                }
-                prime_one(&members, &id, &checkpoint);
-            }
-        });
-    match spawned {
-        Ok(_) => Some(queue),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start priming the member cache");
-            None
-        }
-    }
-}
-
-fn prime_one(members: &MemberCache, id: &CheckpointId, checkpoint: &Weak<VerifiedCheckpoint>) {
-    let started = Instant::now();
-    let (mut compressed, mut full, mut failed) = (0u64, false, None);
-    let rebuilt = entry::member_tars(checkpoint, |tar| {
-        match members.prime(tar, crate::archive::gz::compress_member) {
-            Ok(Primed::Present) => true,
-            Ok(Primed::Compressed) => {
-                compressed += 1;
-                true
-            }
-            Ok(Primed::Full) => {
-                full = true;
-                false
-            }
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
-        }
-    });
-    let evicted = checkpoint.strong_count() == 0;
-    match (rebuilt, failed) {
-        (Ok(members), None) => {
-            tracing::info!(checkpoint = %id, members, compressed, full, evicted, elapsed = ?started.elapsed(), "member cache primed")
-        }
-        // Sealed by this mount: its members are those the seal kept.
-        (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::debug!(checkpoint = %id, "no member records to prime from")
-        }
-        (Err(e), _) | (_, Some(e)) => {
-            tracing::warn!(checkpoint = %id, error = %e, "could not prime the member cache; the next seal compresses more")
-        }
-    }
 }
 
 /// A name as the first field of a `.status` seal line: escaped, and its colons too
@@ -226,8 +143,6 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
-            primed: Arc::new(Mutex::new(HashSet::new())),
-            primer: Mutex::new(None),
         };
         sealer.recover();
         sealer
@@ -264,42 +179,6 @@ impl Sealer {
                     tracing::warn!(object = %name, error = %e, "could not clean up an interrupted upload; will try again at the next start")
                 }
             }
-        }
-    }
-
-    /// Has the primer put the gzip members of `checkpoint` in the member cache,
-    /// compressed as capture compresses them, once per checkpoint and mount (even if
-    /// that fails). One thread at the lowest CPU priority does it, a checkpoint at a
-    /// time, with at most one more waiting: a request beyond that is dropped, and the
-    /// next copy from that checkpoint asks again. Members come from the cache
-    /// entry's records (rebuilt from its files and checked), never from the
-    /// downloaded bytes: an object compressed some other way must not change what a
-    /// capture writes. The entry is not held (an eviction ends its priming, and
-    /// before it starts, lets a later copy ask again); a seal running meanwhile
-    /// compresses what is not there yet.
-    pub fn prime(&self, checkpoint: &Arc<VerifiedCheckpoint>) {
-        let Some(members) = &self.config.members else {
-            return;
-        };
-        let mut primed = self.primed.lock().expect("primed lock");
-        if primed.contains(&checkpoint.id) {
-            return;
-        }
-        let mut primer = self.primer.lock().expect("primer lock");
-        if primer.is_none() {
-            *primer = start_primer(Arc::clone(members), Arc::clone(&self.primed));
-        }
-        let Some(queue) = primer.as_ref() else {
-            return;
-        };
-        let request = (checkpoint.id.clone(), Arc::downgrade(checkpoint));
-        match queue.try_send(request) {
-            Ok(()) => {
-                primed.insert(checkpoint.id.clone());
-            }
-            Err(TrySendError::Full(_)) => {}
-            // The thread is gone (it never should): started again next time.
-            Err(TrySendError::Disconnected(_)) => *primer = None,
         }
     }
 
