@@ -15,13 +15,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::error::FsError;
 use super::inode::{self, Inode};
 use super::listing::Load;
 use super::listing::{Catalog, Slot};
 use super::loader::Loader;
 use super::readahead::ReadAhead;
-use super::{
-    Attr, CopySource, DirEntry, Entry, FileKind, FsError, KernelCache, NO_HANDLE, Opened, Subtree,
+use super::subtree::{
+    Attr, CopySource, DirEntry, Entry, FileKind, KernelCache, NO_HANDLE, Opened, Subtree,
 };
 use crate::archive::index::{FileLocation, Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;

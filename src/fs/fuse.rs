@@ -21,11 +21,12 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::error::FsError;
 use super::metrics::Op;
 use super::passthrough::{Backing, BackingTable, OpenAs, open_as};
-use super::{
-    Attr, Caller, CheckpointFs, Entry, FileKind, FsError, KernelCache, Reading, SetAttr, SetTime,
-};
+use super::router::{CheckpointFs, Reading};
+use super::staging::{Caller, SetAttr, SetTime};
+use super::subtree::{Attr, Entry, FileKind, KernelCache};
 
 pub struct FuseAdapter {
     fs: Arc<CheckpointFs>,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
 
 use super::inode::{self, Inode};
-use super::{DirEntry, FileKind};
+use super::subtree::{DirEntry, FileKind};
 use crate::cache::{Provenance, VerifiedCheckpoint};
 use crate::checkpoint::{self, CaptureTimes, CheckpointId, CheckpointInfo, Exact};
 use crate::store::{ObjectStore, StoreError};

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use super::FsError;
+use super::error::FsError;
 use super::listing::{Catalog, Load, Slot, Waiter};
 use crate::archive::Limits;
 use crate::cache::{Cache, CacheError, VerifiedCheckpoint};

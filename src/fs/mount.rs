@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use fuser::{Config, MountOption, SessionACL};
 
-use super::CheckpointFs;
 use super::fuse::{FuseAdapter, SessionCache};
+use super::router::CheckpointFs;
 
 /// How to mount.
 #[derive(Debug, Clone)]

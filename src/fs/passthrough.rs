@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fuser::{BackingId, FopenFlags};
 
-use super::Opened;
+use super::subtree::Opened;
 
 /// Passthrough backing files in use. The kernel takes one backing file per inode:
 /// a second open of an inode must reuse the first one's id (a different one makes

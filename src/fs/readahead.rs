@@ -23,8 +23,8 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use super::KernelCache;
 use super::inode::Inode;
+use super::subtree::KernelCache;
 use crate::archive::index::{FileLocation, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 

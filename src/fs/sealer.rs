@@ -26,9 +26,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use super::error::FsError;
 use super::listing::Catalog;
 use super::loader::Loader;
-use super::{FsError, StagingTree};
+use super::staging::StagingTree;
 use crate::archive::index;
 use crate::archive::{ArchiveError, Limits};
 use crate::cache::{Cache, Provenance};

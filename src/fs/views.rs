@@ -16,12 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::checkpoints::{Checkpoints, IMMUTABLE_TTL};
+use super::error::FsError;
 use super::inode::{self, HANDLE_VIEW_BIT, Inode};
 use super::listing::{Catalog, Listing, Slot};
 use super::loader::Loader;
 use super::metrics::Latencies;
 use super::sealer::Sealer;
-use super::{Attr, DirEntry, Entry, FileKind, FsError, NO_HANDLE, Opened, StagingTree, Subtree};
+use super::staging::StagingTree;
+use super::subtree::{Attr, DirEntry, Entry, FileKind, NO_HANDLE, Opened, Subtree};
 use crate::cache::Cache;
 
 /// Names in the root and `by-time/` follow the listing: cached for a second, so that

@@ -12,9 +12,10 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timestamps};
 
 use super::{Caller, Loc, OMIT, SetAttr, StagingTree, open_checked, os, timespec};
 use crate::beneath;
+use crate::fs::error::FsError;
 use crate::fs::inode;
 use crate::fs::inode::STAGED_BIT;
-use crate::fs::{Attr, FsError, Opened};
+use crate::fs::subtree::{Attr, Opened};
 
 impl StagingTree {
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr, FsError> {

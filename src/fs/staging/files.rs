@@ -29,7 +29,8 @@ use lru::LruCache;
 use rustix::fs::{self as rfs, AtFlags, OFlags};
 
 use super::{Known, Loc, Place, StagingTree, open_checked, os, parked_name};
-use crate::fs::{CopySource, FsError};
+use crate::fs::error::FsError;
+use crate::fs::subtree::CopySource;
 
 /// Staged files kept open for reads and writes.
 const OPEN_FILES: usize = 64;

@@ -10,7 +10,7 @@ use rustix::fs as rfs;
 use super::{Pin, Place, StagingTree, os};
 use crate::beneath;
 use crate::checkpoint::CheckpointId;
-use crate::fs::FsError;
+use crate::fs::error::FsError;
 
 /// A workspace frozen for sealing: its directory, opened when it was frozen, and
 /// every inode in it.

@@ -50,8 +50,9 @@ mod freeze;
 
 pub use freeze::Frozen;
 
+use super::error::FsError;
 use super::inode;
-use super::{Attr, CopySource, DirEntry, Entry, FileKind, FsError, Opened, Subtree};
+use super::subtree::{Attr, CopySource, DirEntry, Entry, FileKind, Opened, Subtree};
 use crate::checkpoint::CheckpointId;
 
 /// Staged entries change only through this mount, and the kernel drops what each

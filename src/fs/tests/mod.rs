@@ -17,9 +17,11 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use super::*;
+use crate::archive::Limits;
+use crate::cache::Cache;
 use crate::checkpoint::{self, CheckpointId, PutOptions};
 use crate::store::local::LocalStore;
-use crate::store::{ObjectInfo, ObjectReader, PutMode, PutOutcome};
+use crate::store::{ObjectInfo, ObjectReader, ObjectStore, PutMode, PutOutcome, StoreError};
 
 /// A local store whose failures the test controls, and which counts downloads.
 #[derive(Default)]

@@ -1,0 +1,179 @@
+use super::*;
+use std::os::unix::fs::MetadataExt;
+
+enum Member<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a str),
+    Symlink(&'a str, &'a str),
+    HardLink(&'a str, &'a str),
+}
+use Member::{Dir, File, HardLink, Symlink};
+
+fn tar(members: &[Member<'_>]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for member in members {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o755);
+        header.set_mtime(1_700_000_000);
+        let (path, data, kind, link) = match *member {
+            Dir(path) => (path, "", EntryType::Directory, None),
+            File(path, data) => (path, data, EntryType::Regular, None),
+            Symlink(path, target) => (path, "", EntryType::Symlink, Some(target)),
+            HardLink(path, target) => (path, "", EntryType::Link, Some(target)),
+        };
+        header.set_entry_type(kind);
+        header.set_size(data.len() as u64);
+        if let Some(link) = link {
+            header.set_link_name(link).unwrap();
+        }
+        builder
+            .append_data(&mut header, path, data.as_bytes())
+            .unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+fn restore(members: &[Member<'_>], dest: &Path) -> Result<ExtractSummary, ArchiveError> {
+    extract(&tar(members)[..], dest, Limits::DEFAULT)
+}
+
+/// `a/b/` is held by the cursors when `a` is replaced: the old `a/b` is no longer
+/// reachable from DEST, and the next entry below it must fail as a walk from DEST
+/// fails, not land in the old directory.
+#[test]
+fn a_replaced_parent_is_not_entered_through_a_kept_descriptor() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().to_str().unwrap();
+    for (replacement, reason) in [
+        (File("a", "file"), "a parent is not a directory"),
+        (Symlink("a", target), "a parent is a symlink"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("dest");
+        let members = [
+            Dir("a/"),
+            Dir("a/b/"),
+            File("a/b/f", "old"),
+            HardLink("h", "a/b/f"),
+            replacement,
+            File("a/b/x", "pwned"),
+        ];
+        let err = restore(&members, &dest).unwrap_err().to_string();
+        assert!(err.contains("a/b/x") && err.contains(reason), "{err}");
+        assert!(!dest.exists(), "DEST, made by the restore, is removed");
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    }
+}
+
+/// The hard-link cursor holds `a/b` when `a` is replaced by a file and then by a
+/// new directory: the next link to `a/b/f` is to the new file, as from DEST.
+#[test]
+fn a_hard_link_reaches_its_target_in_the_directory_that_replaced_the_old_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    let members = [
+        File("a/b/f", "old"),
+        HardLink("old", "a/b/f"),
+        File("a", "file"),
+        Dir("a/"),
+        File("a/b/f", "new"),
+        HardLink("new", "a/b/f"),
+    ];
+    restore(&members, &dest).unwrap();
+    assert_eq!(fs::read_to_string(dest.join("old")).unwrap(), "old");
+    assert_eq!(fs::read_to_string(dest.join("new")).unwrap(), "new");
+    let ino = |p: &str| fs::metadata(dest.join(p)).unwrap().ino();
+    assert_eq!(ino("new"), ino("a/b/f"));
+}
+
+/// Where the mount and a restore stop counting, for the same archive.
+fn boundary(members: &[Member<'_>], expected: u64) {
+    struct Discard;
+    impl super::super::index::ContentSink for Discard {
+        fn pack(&mut self, _data: &[u8]) -> io::Result<u64> {
+            Ok(0)
+        }
+        fn own_file(&mut self, _node: u32) -> io::Result<Box<dyn Write + '_>> {
+            Ok(Box::new(io::sink()))
+        }
+    }
+    let bytes = tar(members);
+    for max_entries in [expected, expected - 1] {
+        let limits = Limits {
+            max_entries,
+            ..Limits::DEFAULT
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let restored = extract(&bytes[..], &tmp.path().join("dest"), limits);
+        let indexed = super::super::index::build(&bytes[..], &mut Discard, limits, 0);
+        for (reader, result) in [
+            ("restore", restored.map(drop)),
+            ("index", indexed.map(drop)),
+        ] {
+            match result {
+                Ok(()) if max_entries == expected => {}
+                Err(ArchiveError::TooManyEntries(_)) if max_entries < expected => {}
+                other => panic!("{reader} with --max-entries {max_entries}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// Directories entered again from afar count, the same in both readers; the
+/// parents of a tree in tar's order pay nothing for them.
+#[test]
+fn the_mount_and_a_restore_count_reentered_directories_alike() {
+    let deep = "d/".repeat(39);
+    let (x, y) = (format!("x/{deep}f"), format!("y/{deep}g"));
+    let (x2, y2) = (format!("x/{deep}f2"), format!("y/{deep}g2"));
+    // Each file makes 40 directories (1 + 40 entries); then each entry re-enters
+    // the 40 of the other tree: 8 beyond the 32 that are free.
+    let alternating = [File(&x, "1"), File(&y, "2"), File(&x2, "3"), File(&y2, "4")];
+    boundary(&alternating, 41 + 41 + 9 + 9);
+    // Links: each target re-enters the 40 directories of the other tree; the
+    // first starts from the root.
+    let links = [
+        File(&x, "1"),
+        File(&y, "2"),
+        HardLink("l1", &x),
+        HardLink("l2", &y),
+        HardLink("l3", &x),
+    ];
+    boundary(&links, 41 + 41 + 9 + 9 + 9);
+    // A tree in tar's order, with its directories: one entry each, the parents
+    // cost nothing more; the first link's target is 40 directories from the root,
+    // 8 beyond the free ones, and the next link's shares them all.
+    let mut dirs = vec![String::from("x/")];
+    for depth in 1..=39 {
+        dirs.push(format!("x/{}", "d/".repeat(depth)));
+    }
+    let mut ordered: Vec<Member<'_>> = dirs.iter().map(|d| Dir(d)).collect();
+    ordered.extend([File(&x, "1"), File(&x2, "3")]);
+    boundary(&ordered, 40 + 2);
+    ordered.extend([HardLink("x/l", &x), HardLink("x/l2", &x2)]);
+    boundary(&ordered, 40 + 2 + 9 + 1);
+}
+
+/// Directory attributes are set after everything below, wherever the archive put
+/// the directories' entries, and only on the directories the entries made.
+#[test]
+fn directory_attributes_are_applied_below_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    let members = [
+        Dir("z/y/x/"),
+        Dir("z/"),
+        File("z/y/x/f", "f"),
+        Dir("z/y-/"),
+        Dir("z/y/"),
+        Dir("q/"),
+        File("q", "q"),
+    ];
+    restore(&members, &dest).unwrap();
+    for dir in ["z", "z/y", "z/y/x", "z/y-"] {
+        let meta = fs::metadata(dest.join(dir)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o755, "{dir}");
+        assert_eq!(meta.mtime(), 1_700_000_000, "{dir}");
+    }
+    assert!(fs::metadata(dest.join("q")).unwrap().is_file());
+}
