@@ -658,6 +658,10 @@ fn open_tree(dir: &Path) -> Result<std::os::fd::OwnedFd, CheckpointError> {
     })
 }
 
+/// How the names of [`write_archive_file`]'s temporary files start: a mount deletes
+/// those a killed predecessor left in its work directory.
+pub const PUT_TEMP_PREFIX: &str = ".ckptfs-put-";
+
 /// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way;
 /// the uncompressed tar stream is also copied to `tar_copy`.
 pub fn write_archive_file(
@@ -666,7 +670,7 @@ pub fn write_archive_file(
     tar_copy: &mut dyn io::Write,
 ) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
     let temp = tempfile::Builder::new()
-        .prefix(".ckptfs-put-")
+        .prefix(PUT_TEMP_PREFIX)
         .tempfile_in(options.temp_dir)
         .map_err(|cause| CheckpointError::Io {
             context: format!("create a temporary file in {}", options.temp_dir.display()),

@@ -30,14 +30,35 @@ use super::{CacheError, io_err, read_at};
 use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
 use crate::checkpoint::CheckpointId;
 use crate::members::recorder::Recorder;
-use crate::members::records;
+use crate::members::records::{self, EntryFiles};
 
 fn pack_path(dir: &Path) -> PathBuf {
     dir.join("pack")
 }
 
+fn files_dir(dir: &Path) -> PathBuf {
+    dir.join("files")
+}
+
 fn own_file_path(dir: &Path, node: u32) -> PathBuf {
-    dir.join("files").join(node.to_string())
+    files_dir(dir).join(node.to_string())
+}
+
+fn records_path(dir: &Path) -> PathBuf {
+    dir.join("members")
+}
+
+fn index_path(dir: &Path) -> PathBuf {
+    dir.join("index")
+}
+
+/// Where the entry in `dir` keeps its member records and what they point into.
+pub fn files_of(dir: &Path) -> EntryFiles {
+    EntryFiles {
+        records: records_path(dir),
+        pack: pack_path(dir),
+        files: files_dir(dir),
+    }
 }
 
 /// Creates a new file readable by its owner only: cached checkpoint contents are not
@@ -59,8 +80,8 @@ pub(super) fn size_on_disk(dir: &Path) -> u64 {
         .map(|m| m.len())
         .sum();
     let pack = fs::metadata(pack_path(dir)).map_or(0, |m| m.len());
-    let index = fs::metadata(dir.join("index")).map_or(0, |m| m.len());
-    let members = fs::metadata(dir.join("members")).map_or(0, |m| m.len());
+    let index = fs::metadata(index_path(dir)).map_or(0, |m| m.len());
+    let members = fs::metadata(records_path(dir)).map_or(0, |m| m.len());
     own + pack + index + members
 }
 
@@ -73,10 +94,7 @@ pub(super) fn shared_files(dir: &Path) -> Vec<(u64, u64, u64)> {
 }
 
 fn own_files(dir: &Path) -> impl Iterator<Item = fs::Metadata> {
-    let files = fs::read_dir(dir.join("files"))
-        .into_iter()
-        .flatten()
-        .flatten();
+    let files = fs::read_dir(files_dir(dir)).into_iter().flatten().flatten();
     files.filter_map(|f| f.metadata().ok())
 }
 
@@ -136,7 +154,9 @@ pub fn member_tars(
     let Some(dir) = checkpoint.upgrade().map(|c| c.dir.clone()) else {
         return Ok(0);
     };
-    records::rebuild_each(&dir, |tar| checkpoint.strong_count() > 0 && each(tar))
+    records::rebuild_each(&files_of(&dir), |tar| {
+        checkpoint.strong_count() > 0 && each(tar)
+    })
 }
 
 /// A cache entry being written; removed unless finished. The indexer writes file
@@ -160,7 +180,7 @@ impl PendingEntry {
     pub(super) fn create(dir: PathBuf, blobs: Arc<Blobs>) -> Result<Self, CacheError> {
         DirBuilder::new()
             .mode(0o700)
-            .create(dir.join("files"))
+            .create(files_dir(&dir))
             .map_err(io_err(&dir))?;
         let pack = create_private(&pack_path(&dir)).map_err(io_err(&dir))?;
         Ok(PendingEntry {
@@ -210,7 +230,7 @@ impl PendingEntry {
                 .lock()
                 .expect("member recorder lock")
                 .finish(&index, &digests);
-            let path = dir.join("members");
+            let path = records_path(&dir);
             // Only a hint for later loads: without it, they inflate everything.
             if let Err(e) = records::write_records(&path, &records) {
                 tracing::warn!(path = %path.display(), error = %e, "could not record members");
@@ -388,7 +408,7 @@ impl Drop for PendingEntry {
 
 fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
     let bytes = postcard::to_stdvec(index).map_err(|e| CacheError::Io {
-        path: dir.join("index"),
+        path: index_path(dir),
         cause: io::Error::other(e),
     })?;
     let tmp = dir.join("index.tmp");
@@ -397,11 +417,11 @@ fn write_index(dir: &Path, index: &Index) -> Result<(), CacheError> {
         .and_then(|()| file.write_all(&xxh3_64(&bytes).to_le_bytes()))
         .and_then(|()| file.sync_all())
         .map_err(io_err(&tmp))?;
-    fs::rename(&tmp, dir.join("index")).map_err(io_err(dir))
+    fs::rename(&tmp, index_path(dir)).map_err(io_err(dir))
 }
 
 fn read_index(dir: &Path) -> Result<Index, CacheError> {
-    let path = dir.join("index");
+    let path = index_path(dir);
     let bytes = fs::read(&path).map_err(io_err(&path))?;
     let damaged = |why: &str| CacheError::Io {
         path: path.clone(),
@@ -444,7 +464,7 @@ pub(super) fn open_checked(
     let mut checkpoint = entry_with_index(id, dir, read_index(dir)?)?;
     // The index is written once, right after the object verified: its time is the
     // verdict's.
-    let index_path = dir.join("index");
+    let index_path = index_path(dir);
     let verified_at = fs::metadata(&index_path)
         .and_then(|m| m.modified())
         .map_err(io_err(&index_path))?;

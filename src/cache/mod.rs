@@ -1,6 +1,7 @@
 //! The on-disk cache of verified checkpoints.
 //!
-//! Layout (`--cache-dir`, mode 0700; every file 0600):
+//! Layout (in the cache directory, whose names [`CacheDir`] owns; mode 0700, every
+//! file 0600):
 //!
 //! ```text
 //! checkpoints/<sha256>/      one verified checkpoint (see [`entry`] for inside)
@@ -8,9 +9,6 @@
 //! checkpoints/trash-*        an evicted entry being deleted; removed at start-up
 //! blobs/<sha256>             files of their own shared by entries (see [`blobs`])
 //! lock                       flock: one daemon per cache directory
-//! members/                   compressed gzip members of captures, and the layouts of
-//!                            objects stored or downloaded (not this module's: see
-//!                            `crate::members::store`; shared with `put`)
 //! ```
 //!
 //! Invariants:
@@ -25,6 +23,7 @@
 //!   new load of it starts afresh) and deleted later, outside every lock.
 
 pub mod blobs;
+pub mod dir;
 pub mod entry;
 
 use std::collections::HashMap;
@@ -39,6 +38,7 @@ use std::time::SystemTime;
 use lru::LruCache;
 
 use blobs::Blobs;
+pub use dir::CacheDir;
 pub use entry::{PendingEntry, Provenance, VerifiedCheckpoint};
 
 use crate::archive::index::{self, Index};
@@ -178,12 +178,10 @@ pub fn private_dir(path: &Path) -> Result<(), CacheError> {
 }
 
 impl Cache {
-    /// Opens the cache directory, creating it, and forgets unfinished passes. The
-    /// directory must be out of other users' reach (see [`crate::trusted`]); the cache
-    /// works in it by the path resolved there.
-    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, CacheError> {
-        let dir = &crate::trusted::trusted_dir(dir)?;
-        let lock_path = dir.join("lock");
+    /// Opens the cache in `dir`, creating what is missing, and forgets unfinished
+    /// passes.
+    pub fn open(dir: &CacheDir, max_bytes: u64) -> Result<Self, CacheError> {
+        let lock_path = dir.lock();
         let lock = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -192,14 +190,14 @@ impl Cache {
             .map_err(io_err(&lock_path))?;
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
             |_| CacheError::Io {
-                path: dir.to_owned(),
+                path: dir.path().to_owned(),
                 cause: io::Error::new(
                     io::ErrorKind::WouldBlock,
                     "another ckptfs daemon uses this cache directory; give each its own --cache-dir",
                 ),
             },
         )?;
-        let checkpoints = dir.join("checkpoints");
+        let checkpoints = dir.checkpoints();
         private_dir(&checkpoints)?;
         let mut found = Vec::new();
         for entry in fs::read_dir(&checkpoints).map_err(io_err(&checkpoints))? {
@@ -220,10 +218,10 @@ impl Cache {
                 }
             }
         }
-        let blobs_dir = dir.join("blobs");
+        let blobs_dir = dir.blobs();
         private_dir(&blobs_dir)?;
         // After the unfinished entries are gone: what they alone used goes too.
-        let blobs = Arc::new(Blobs::open(blobs_dir).map_err(io_err(dir))?);
+        let blobs = Arc::new(Blobs::open(blobs_dir).map_err(io_err(dir.path()))?);
         found.sort();
         let mut entries = LruCache::unbounded();
         for (_, id, size) in found {
@@ -312,7 +310,11 @@ impl Cache {
         let mut pending = self.begin()?;
         let recorder = Arc::new(Mutex::new(Recorder::default()));
         pending.record_members(Arc::clone(&recorder));
-        let known = Known::read(self.recent_entries(REUSE_SOURCES));
+        let known = Known::read(
+            self.recent_entries(REUSE_SOURCES)
+                .iter()
+                .map(|dir| entry::files_of(dir)),
+        );
         let (chunks, verdict) = read_ahead(reader);
         let members = MemberReader::new(chunks, known, Arc::clone(&recorder));
         let (mut tar, inflater) = inflate_ahead(members, Arc::clone(&recorder));

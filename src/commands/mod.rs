@@ -29,9 +29,10 @@ use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::cache::CacheDir;
 use crate::checkpoint::{self, CheckpointId};
 use crate::cli::{Cli, Command};
 use crate::store::{self, ObjectStore, StoreConfig};
@@ -142,48 +143,31 @@ fn compression_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `--cache-dir`, or `$XDG_CACHE_HOME/ckptfs`, `$HOME/.cache/ckptfs`, and for root
-/// without either `/var/cache/ckptfs`. Never a shared temporary directory, where
-/// another user could have made the directory first.
-pub(super) fn cache_dir(explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(dir) = explicit {
-        return Ok(dir.to_owned());
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| Path::new(&h).join(".cache"))
-        });
-    match base {
-        Some(base) => Ok(base.join("ckptfs")),
-        None if rustix::process::geteuid().is_root() => Ok(PathBuf::from("/var/cache/ckptfs")),
-        None => bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"),
-    }
+/// The cache directory: `--cache-dir`, or where [`CacheDir::default_path`] says,
+/// resolved and made out of other users' reach.
+pub(super) fn cache_dir(explicit: Option<&Path>) -> Result<CacheDir> {
+    let path = match explicit {
+        Some(dir) => dir.to_owned(),
+        None => CacheDir::default_path()
+            .context("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME")?,
+    };
+    Ok(CacheDir::open(&path)?)
 }
 
-/// The member cache in `cache_dir/members` (see [`crate::members::store`]), or
-/// none when `size` is 0 or it cannot be made: it changes how fast a capture is,
-/// never what it writes, so a capture goes on without it.
+/// The member cache of `dir` (see [`crate::members::store`]), or none when `size` is
+/// 0 or it cannot be made: it changes how fast a capture is, never what it writes, so
+/// a capture goes on without it.
 pub(super) fn member_cache(
-    cache_dir: &Path,
+    dir: &CacheDir,
     size: u64,
 ) -> Option<Arc<crate::members::store::MemberCache>> {
     if size == 0 {
         return None;
     }
-    let made = crate::trusted::trusted_dir(cache_dir)
-        .map_err(|e| e.to_string())
-        .and_then(|dir| {
-            crate::members::store::MemberCache::open(&dir.join("members"), size)
-                .map_err(|e| e.to_string())
-        });
-    match made {
+    match crate::members::store::MemberCache::open(&dir.members(), size) {
         Ok(cache) => Some(Arc::new(cache)),
         Err(e) => {
-            tracing::warn!(dir = %cache_dir.display(), error = %e, "no member cache: compressing everything");
+            tracing::warn!(dir = %dir.path().display(), error = %e, "no member cache: compressing everything");
             None
         }
     }

@@ -202,7 +202,7 @@ fn mounted_source(mountpoint: &Path) -> Option<String> {
 fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let store = open_store(cli, &args.store, args.part_size)?;
     // Resolved once, out of other users' reach; everything below goes by this path.
-    let cache_dir = crate::trusted::trusted_dir(&cache_dir(args.cache_dir.as_deref())?)?;
+    let cache_dir = cache_dir(args.cache_dir.as_deref())?;
     // Cache errors name the directory.
     let cache = Arc::new(Cache::open(&cache_dir, args.cache_size)?);
     let (uid, gid) = (
@@ -212,14 +212,14 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
     let staging_dir = args
         .staging_dir
         .clone()
-        .unwrap_or_else(|| cache_dir.join("staging"));
+        .unwrap_or_else(|| cache_dir.staging());
     let staging = StagingTree::at(&staging_dir).with_context(|| {
         format!(
             "cannot open the staging directory {}",
             staging_dir.display()
         )
     })?;
-    let work_dir = cache_dir.join("tmp");
+    let work_dir = cache_dir.work();
     cache::private_dir(&work_dir)
         .with_context(|| format!("cannot create {}", work_dir.display()))?;
     Ok(CheckpointFs::new(
@@ -365,8 +365,7 @@ fn report_ready() {
 /// Starts `ckptfs mount ... --foreground` as a detached daemon and waits for it to
 /// report that the mount is ready.
 fn spawn_daemon(args: &MountArgs) -> Result<()> {
-    let cache_dir = crate::trusted::trusted_dir(&cache_dir(args.cache_dir.as_deref())?)?;
-    let log_path = cache_dir.join("ckptfs.log");
+    let log_path = cache_dir(args.cache_dir.as_deref())?.log();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

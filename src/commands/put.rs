@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, bail};
 
 use super::{
-    bar, cache_dir, compression_threads, member_cache, open_config, resolve_name, store_config,
-    temp_dir,
+    bar, compression_threads, member_cache, open_config, resolve_name, store_config, temp_dir,
 };
+use crate::cache::CacheDir;
 use crate::checkpoint::{self, PutOptions, StoreOutcome};
 use crate::cli::{Cli, PutArgs};
 use crate::store::{self, StoreConfig};
@@ -42,10 +42,20 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         }
         None => None,
     };
-    // Without a cache directory (no HOME), everything is compressed, as before.
-    let members = cache_dir(args.cache_dir.as_deref())
-        .ok()
-        .and_then(|dir| member_cache(&dir, args.member_cache_size));
+    // Without a cache directory (no HOME), everything is compressed, as before; with
+    // one it cannot use, too, with a warning.
+    let size = args.member_cache_size;
+    let members = match args.cache_dir.clone().or_else(CacheDir::default_path) {
+        None => None,
+        Some(path) => match CacheDir::open(&path) {
+            Ok(dir) => member_cache(&dir, size),
+            Err(e) if size > 0 => {
+                tracing::warn!(error = %e, "no member cache: compressing everything");
+                None
+            }
+            Err(_) => None,
+        },
+    };
     // Archiving first (a spinner), then the upload (a bar of bytes).
     let archiving = std::sync::Mutex::new(Some(super::spinner(format!(
         "archiving {}",

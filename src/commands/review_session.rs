@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use tempfile::TempDir;
 
 use super::{open_store, temp_dir};
-use crate::cache::{Cache, CacheError, VerifiedCheckpoint};
+use crate::cache::{Cache, CacheDir, CacheError, VerifiedCheckpoint};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, ReviewArgs};
 use crate::history;
@@ -198,7 +198,10 @@ pub(super) fn lineage<'a>(
 /// are deleted as soon as the command is done with them).
 fn open_cache(args: &ReviewArgs) -> Result<(Cache, Option<TempDir>)> {
     if let Some(dir) = &args.cache_dir {
-        match Cache::open(dir, args.cache_size) {
+        match CacheDir::open(dir)
+            .map_err(CacheError::from)
+            .and_then(|dir| Cache::open(&dir, args.cache_size))
+        {
             Ok(cache) => return Ok((cache, None)),
             Err(CacheError::Io { cause, .. }) if cause.kind() == ErrorKind::WouldBlock => {
                 say::note!(
@@ -218,7 +221,9 @@ fn open_cache(args: &ReviewArgs) -> Result<(Cache, Option<TempDir>)> {
         .tempdir_in(&base)
         .with_context(|| format!("cannot create a temporary cache in {}", base.display()))?;
     remove_on_signal(temp.path());
-    let cache = Cache::open(temp.path(), 0)
+    let cache = CacheDir::open(temp.path())
+        .map_err(CacheError::from)
+        .and_then(|dir| Cache::open(&dir, 0))
         .with_context(|| format!("cannot open cache {}", temp.path().display()))?;
     Ok((cache, Some(temp)))
 }

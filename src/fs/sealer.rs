@@ -164,7 +164,7 @@ impl Sealer {
         };
         for entry in entries.flatten() {
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            if file_name.starts_with(".ckptfs-put-") {
+            if file_name.starts_with(checkpoint::PUT_TEMP_PREFIX) {
                 let _ = std::fs::remove_file(entry.path());
                 continue;
             }

@@ -203,14 +203,18 @@ impl<R: Read> MemberReader<R> {
             return Ok(None);
         };
         let mut recorder = self.recorder.lock().expect("member recorder lock");
-        for &(entry, record) in candidates.iter().take(MAX_CANDIDATES) {
+        for &(at, record) in candidates.iter().take(MAX_CANDIDATES) {
             if self.wasted > budget {
                 tracing::debug!(
                     "recorded members stopped matching this download; inflating the rest"
                 );
                 break;
             }
-            let KnownEntry { dir, records, pack } = &mut entries[entry as usize];
+            let KnownEntry {
+                entry,
+                records,
+                pack,
+            } = &mut entries[at as usize];
             let record = &records[record as usize];
             let len = record.compressed_len as usize;
             let bytes = input.peek(len)?;
@@ -226,7 +230,7 @@ impl<R: Read> MemberReader<R> {
             let crc = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
             let length = u32::from_le_bytes(trailer[4..].try_into().expect("4 bytes"));
             let mut digests = Vec::new();
-            let rebuilt = rebuild(dir, pack, record, &mut digests);
+            let rebuilt = rebuild(entry, pack, record, &mut digests);
             match rebuilt {
                 Ok(tar)
                     if tar.len() as u64 == record.tar_len
@@ -251,10 +255,10 @@ impl<R: Read> MemberReader<R> {
                     return Ok(Some(tar));
                 }
                 Ok(_) => {
-                    tracing::debug!(entry = %dir.display(), "a recorded member did not rebuild to its bytes; inflating it");
+                    tracing::debug!(entry = %entry.records.display(), "a recorded member did not rebuild to its bytes; inflating it");
                 }
                 Err(e) => {
-                    tracing::debug!(entry = %dir.display(), error = %e, "a recorded member could not be rebuilt; inflating it");
+                    tracing::debug!(entry = %entry.records.display(), error = %e, "a recorded member could not be rebuilt; inflating it");
                 }
             }
             self.wasted += (len as u64).saturating_add(record.tar_len);

@@ -120,8 +120,27 @@ pub(super) fn read_records(path: &Path) -> io::Result<(Vec<MemberRecord>, u64)> 
 
 // --- what the cache holds ------------------------------------------------------------
 
+/// Where an entry of the cache keeps its records and what they point into (the cache
+/// names them: `crate::cache::entry::files_of`).
+#[derive(Debug, Clone)]
+pub struct EntryFiles {
+    /// The records, as [`write_records`] wrote them.
+    pub records: PathBuf,
+    /// The pack of small files' contents ([`Segment::Packed`]).
+    pub pack: PathBuf,
+    /// The directory of the files of their own, each named by its node
+    /// ([`Segment::Own`], [`Segment::Whole`]).
+    pub files: PathBuf,
+}
+
+impl EntryFiles {
+    fn own(&self, node: u32) -> PathBuf {
+        self.files.join(node.to_string())
+    }
+}
+
 pub(super) struct KnownEntry {
-    pub(super) dir: PathBuf,
+    pub(super) entry: EntryFiles,
     pub(super) records: Vec<MemberRecord>,
     pub(super) pack: Option<File>,
 }
@@ -134,18 +153,18 @@ pub struct Known {
 }
 
 impl Known {
-    /// Reads the records of the entries in `dirs`, most useful first; an entry without
-    /// readable records is left out, and no more are read once they cost
-    /// [`MAX_RECORDS`] (so less than twice that in all).
-    pub fn read(dirs: impl IntoIterator<Item = PathBuf>) -> Known {
+    /// Reads the records of `entries`, most useful first; an entry without readable
+    /// records is left out, and no more are read once they cost [`MAX_RECORDS`] (so
+    /// less than twice that in all).
+    pub fn read(entries: impl IntoIterator<Item = EntryFiles>) -> Known {
         let mut known = Known::default();
         let mut total = 0;
-        for dir in dirs {
+        for entry in entries {
             if total >= MAX_RECORDS {
                 break;
             }
-            let path = dir.join("members");
-            let records = match read_records(&path) {
+            let path = &entry.records;
+            let records = match read_records(path) {
                 Ok((records, cost)) => {
                     total += cost;
                     records
@@ -182,7 +201,7 @@ impl Known {
                 }
             }
             known.entries.push(KnownEntry {
-                dir,
+                entry,
                 records,
                 pack: None,
             });
@@ -195,10 +214,10 @@ impl Known {
     }
 }
 
-/// Rebuilds a member's tar bytes from the entry in `dir` that recorded it; also
-/// gives where whole files with known digests sit in them.
+/// Rebuilds a member's tar bytes from the entry that recorded it; also gives where
+/// whole files with known digests sit in them.
 pub(super) fn rebuild(
-    dir: &Path,
+    entry: &EntryFiles,
     pack: &mut Option<File>,
     record: &MemberRecord,
     digests: &mut Vec<(u64, u64, [u8; 32])>,
@@ -226,17 +245,17 @@ pub(super) fn rebuild(
             Segment::Zeros(len) => tar.resize(at + *len as usize, 0),
             Segment::Packed { offset, len } => {
                 if pack.is_none() {
-                    *pack = Some(open_regular(&dir.join("pack"))?);
+                    *pack = Some(open_regular(&entry.pack)?);
                 }
                 let file = pack.as_ref().expect("opened above");
                 append_range(file, *offset, *len, &mut tar)?;
             }
             Segment::Own { node, offset, len } => {
-                let file = open_regular(&dir.join("files").join(node.to_string()))?;
+                let file = open_regular(&entry.own(*node))?;
                 append_range(&file, *offset, *len, &mut tar)?;
             }
             Segment::Whole { node, len, digest } => {
-                let file = open_regular(&dir.join("files").join(node.to_string()))?;
+                let file = open_regular(&entry.own(*node))?;
                 append_range(&file, 0, *len, &mut tar)?;
                 digests.push((at as u64, *len, *digest));
             }
@@ -251,15 +270,15 @@ pub(super) fn rebuild(
     Ok(tar)
 }
 
-/// The tar bytes of each member the entry in `dir` recorded, in archive order, rebuilt
-/// from its files and checked against the record (length and xxh3-128): `each` gets
-/// those that rebuild right, and says whether to go on. Returns how many it got.
-pub fn rebuild_each(dir: &Path, mut each: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
-    let (records, _) = read_records(&dir.join("members"))?;
+/// The tar bytes of each member `entry` recorded, in archive order, rebuilt from its
+/// files and checked against the record (length and xxh3-128): `each` gets those that
+/// rebuild right, and says whether to go on. Returns how many it got.
+pub fn rebuild_each(entry: &EntryFiles, mut each: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
+    let (records, _) = read_records(&entry.records)?;
     let (mut pack, mut digests, mut given) = (None, Vec::new(), 0);
     for record in &records {
         digests.clear();
-        match rebuild(dir, &mut pack, record, &mut digests) {
+        match rebuild(entry, &mut pack, record, &mut digests) {
             Ok(tar) if tar.len() as u64 == record.tar_len && xxh3_128(&tar) == record.tar_hash => {
                 given += 1;
                 if !each(&tar) {
@@ -267,7 +286,7 @@ pub fn rebuild_each(dir: &Path, mut each: impl FnMut(&[u8]) -> bool) -> io::Resu
                 }
             }
             _ => {
-                tracing::debug!(entry = %dir.display(), "a recorded member did not rebuild to its bytes; skipped")
+                tracing::debug!(entry = %entry.records.display(), "a recorded member did not rebuild to its bytes; skipped")
             }
         }
     }

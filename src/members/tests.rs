@@ -22,6 +22,7 @@ use crate::archive::Limits;
 use crate::archive::gz::MemberSpan;
 use crate::archive::index::{FileLocation, Index, NodeKind};
 use crate::archive::writer::{WriterOptions, WrittenArchive, write_archive};
+use crate::cache::entry::files_of;
 use crate::cache::{Cache, VerifiedCheckpoint};
 use crate::checkpoint::{self, CheckpointId};
 use crate::store::local::LocalStore;
@@ -142,7 +143,7 @@ fn contents(checkpoint: &VerifiedCheckpoint) -> Vec<Vec<u8>> {
 /// Loads `id` into a cache of its own, inflating everything: what a load must give.
 fn fresh(store: &LocalStore, id: &CheckpointId) -> (Index, Vec<Vec<u8>>) {
     let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(dir.path(), u64::MAX).unwrap();
+    let cache = Cache::open(&crate::cache::CacheDir::open(dir.path()).unwrap(), u64::MAX).unwrap();
     let checkpoint = load(&cache, store, id);
     assert_eq!(cache.stats().reused_members, 0);
     (checkpoint.index.clone(), contents(&checkpoint))
@@ -187,7 +188,11 @@ fn recorded_members_rebuild_to_the_members_of_the_object() {
     let work = tempfile::tempdir().unwrap();
     let store = LocalStore::create(&work.path().join("store")).unwrap();
     let turns = stored_turns(work.path(), &store, 2);
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     for id in &turns {
         let checkpoint = load(&cache, &store, id);
         let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
@@ -234,7 +239,11 @@ fn a_load_records_what_one_thread_records() {
     let store = LocalStore::create(&work.path().join("store")).unwrap();
     let id = &stored_turns(work.path(), &store, 1)[0];
     let bytes = fs::read(work.path().join("store").join(id.object_name())).unwrap();
-    let reference = Cache::open(&work.path().join("reference"), u64::MAX).unwrap();
+    let reference = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("reference")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     let mut pending = reference.begin().unwrap();
     let recorder = Arc::new(Mutex::new(Recorder::default()));
     pending.record_members(Arc::clone(&recorder));
@@ -251,7 +260,11 @@ fn a_load_records_what_one_thread_records() {
     let (records, _) = read_records(&reference.entry_dir(id).join("members")).unwrap();
     assert!(records.len() > 5, "{} records", records.len());
     for run in 0..16 {
-        let cache = Cache::open(&work.path().join(format!("cache-{run}")), u64::MAX).unwrap();
+        let cache = Cache::open(
+            &crate::cache::CacheDir::open(&work.path().join(format!("cache-{run}"))).unwrap(),
+            u64::MAX,
+        )
+        .unwrap();
         let _checkpoint = load(&cache, &store, id);
         let got = fs::read(cache.entry_dir(id).join("members")).unwrap();
         assert!(
@@ -346,7 +359,11 @@ fn downloads_record_their_layout_for_the_store_to_copy_from() {
     let work = tempfile::tempdir().unwrap();
     let store = LocalStore::create(&work.path().join("store")).unwrap();
     let turns = stored_turns(work.path(), &store, 2);
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     let members = recording_layouts(&cache, work.path());
     for (turn, id) in turns.iter().enumerate() {
         load(&cache, &store, id);
@@ -386,7 +403,11 @@ fn a_download_of_tiny_members_records_no_layout() {
         .unwrap();
     let tiny: Vec<u8> = tar.chunks(100).flat_map(gzip).collect();
     let id = store_bytes(&store, &tiny);
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     let members = recording_layouts(&cache, work.path());
     load(&cache, &store, &id);
     let (spans, _) = members_of(&tiny);
@@ -404,7 +425,11 @@ fn a_turn_is_rebuilt_from_the_members_of_the_turn_before() {
     let work = tempfile::tempdir().unwrap();
     let store = LocalStore::create(&work.path().join("store")).unwrap();
     let turns = stored_turns(work.path(), &store, 3);
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     load(&cache, &store, &turns[0]);
     let first = cache.stats();
     assert_eq!(first.reused_members, 0);
@@ -465,7 +490,11 @@ fn a_wrong_recorded_digest_links_nothing_wrong() {
     let work = tempfile::tempdir().unwrap();
     let store = LocalStore::create(&work.path().join("store")).unwrap();
     let turns = stored_turns(work.path(), &store, 2);
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     load(&cache, &store, &turns[0]);
     let path = work
         .path()
@@ -572,7 +601,11 @@ fn a_rebuilt_member_means_what_it_means_in_the_new_archive() {
     ]
     .concat();
     let (first, second) = (store_bytes(&store, &first), store_bytes(&store, &second));
-    let cache = Cache::open(&work.path().join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     load(&cache, &store, &first);
     let loaded = load(&cache, &store, &second);
     assert_eq!(cache.stats().reused_members, 1, "{:?}", cache.stats());
@@ -601,7 +634,11 @@ fn gzip_commented(data: &[u8]) -> Vec<u8> {
 /// `first`'s entry.
 fn records_of(work: &Path, store: &LocalStore, first: &[u8]) -> (Cache, PathBuf) {
     let first = store_bytes(store, first);
-    let cache = Cache::open(&work.join("cache"), u64::MAX).unwrap();
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
     load(&cache, store, &first);
     let entry = work.join("cache/checkpoints").join(first.as_str());
     (cache, entry)
@@ -628,7 +665,7 @@ fn a_record_that_lies_consistently_is_caught_by_the_trailer() {
     });
     raw.unwrap()[0] ^= 1;
     let mut pack = None;
-    let lie = rebuild(&entry, &mut pack, record, &mut Vec::new()).unwrap();
+    let lie = rebuild(&files_of(&entry), &mut pack, record, &mut Vec::new()).unwrap();
     record.tar_hash = xxh3_128(&lie);
     fs::remove_file(&path).unwrap();
     write_records(&path, &records).unwrap();
@@ -692,7 +729,11 @@ fn a_prefix_bucket_holds_no_more_than_a_boundary_checks() {
     let records: Vec<MemberRecord> = (0..200)
         .map(|i| bare_record(7, i, 512, vec![Segment::Zeros(512)]))
         .collect();
-    let known = Known::read(entries_with(work.path(), 3, &records));
+    let known = Known::read(
+        entries_with(work.path(), 3, &records)
+            .iter()
+            .map(|d| files_of(d)),
+    );
     assert_eq!(known.by_prefix.len(), 1);
     assert_eq!(known.by_prefix[&7].len(), MAX_CANDIDATES);
 }
@@ -739,7 +780,7 @@ fn members_that_only_start_like_a_record_stop_being_compared() {
     let long = gzip_commented(&tar_of(&[("big", Some(&noise(1 << 20, 6)))]));
     let end = gzip(&[0; 1024]);
     let (_cache, entry) = records_of(work.path(), &store, &[long.clone(), end.clone()].concat());
-    let known = Known::read([entry]);
+    let known = Known::read([files_of(&entry)]);
     assert!(!known.is_empty());
 
     let decoy = gzip_commented(b"");
@@ -789,7 +830,10 @@ fn entries_are_read_until_their_records_cost_the_budget() {
     let one = cost(200, 0) * 900;
     assert!(one < MAX_RECORDS && 2 * one > MAX_RECORDS);
     let dirs = entries_with(work.path(), 3, &records);
-    assert_eq!(Known::read(dirs).entries.len(), 2);
+    assert_eq!(
+        Known::read(dirs.iter().map(|d| files_of(d))).entries.len(),
+        2
+    );
 }
 
 /// Where file contents went is kept only while a member that may hold them is

@@ -579,7 +579,9 @@ pub(super) mod tests {
         let tar = tar.into_inner().unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let cache = crate::cache::Cache::open(dir.path(), u64::MAX).unwrap();
+        let cache =
+            crate::cache::Cache::open(&crate::cache::CacheDir::open(dir.path()).unwrap(), u64::MAX)
+                .unwrap();
         let id = crate::checkpoint::CheckpointId::parse(&"a".repeat(64)).unwrap();
         let mut pending = cache.begin().unwrap();
         let index = crate::archive::index::build(

@@ -215,8 +215,13 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
         inner: LocalStore::open(store_dir.path()).unwrap(),
         faults: Arc::clone(&faults),
     });
-    let cache =
-        Arc::new(Cache::open(&cache_dir.path().join("cache"), options.cache_bytes).unwrap());
+    let cache = Arc::new(
+        Cache::open(
+            &crate::cache::CacheDir::open(&cache_dir.path().join("cache")).unwrap(),
+            options.cache_bytes,
+        )
+        .unwrap(),
+    );
     let staging_dir = cache_dir.path().join("staging");
     let staging = StagingTree::at(&staging_dir).unwrap();
     let fs = CheckpointFs::new(
