@@ -280,43 +280,28 @@ impl Filesystem for FuseAdapter {
         let started = Instant::now();
         self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
             let _timer = Timer(fs, Op::Readdir, started);
-            let mut failure = None;
-            let result = fs.readdir(ino.0, offset, &mut |entry, next| {
+            let result = fs.readdirplus(ino.0, offset, &mut |entry, found, next| {
                 let name = OsStr::from_bytes(&entry.name);
-                if entry.name == b"." || entry.name == b".." {
-                    // The kernel ignores these entries' attributes.
-                    let attr = placeholder_attr(entry.ino);
-                    return reply.add(
+                match found {
+                    Some(found) => reply.add(
+                        INodeNo(found.attr.ino),
+                        next,
+                        name,
+                        &found.name_ttl,
+                        &file_attr(&found.attr),
+                        Generation(found.attr.generation.into()),
+                    ),
+                    None => reply.add(
                         INodeNo(entry.ino),
                         next,
                         name,
                         &UNCACHED,
-                        &attr,
+                        &placeholder_attr(entry.ino),
                         Generation(0),
-                    );
+                    ),
                 }
-                let found = match fs.lookup(ino.0, &entry.name) {
-                    Ok(found) => found,
-                    Err(e) => {
-                        failure = Some(e);
-                        return true;
-                    }
-                };
-                let full = reply.add(
-                    INodeNo(found.attr.ino),
-                    next,
-                    name,
-                    &found.name_ttl,
-                    &file_attr(&found.attr),
-                    Generation(found.attr.generation.into()),
-                );
-                if full {
-                    // Not sent: the kernel will not count this lookup.
-                    fs.forget(found.attr.ino, 1);
-                }
-                full
             });
-            match result.and_then(|()| failure.map_or(Ok(()), Err)) {
+            match result {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("readdirplus", ino.0, &e)),
             }
@@ -328,17 +313,12 @@ impl Filesystem for FuseAdapter {
         let (backing, started) = (Arc::clone(&self.backing), Instant::now());
         self.fs.prepare(ino.0, Reading::Open, move |fs| {
             let _timer = Timer(fs, Op::Open, started);
-            let opened = match fs.open(ino.0, flags.0) {
-                Ok(opened) => opened,
+            let opened = match fs.open_for_kernel(ino.0, flags.0) {
+                Ok(Some(opened)) => opened,
+                // ENOSYS makes the kernel open every file by itself from now on.
+                Ok(None) => return reply.error(Errno::from_i32(libc::ENOSYS)),
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
-            if fs.open_is_free() {
-                // The file can be opened: ENOSYS makes the kernel open every file by
-                // itself from now on, keeping its page cache, and read and write
-                // without a handle.
-                fs.release(opened.fh);
-                return reply.error(Errno::from_i32(libc::ENOSYS));
-            }
             let fh = FileHandle(opened.fh);
             match open_as(passthrough, &backing, ino.0, &opened, |f| {
                 reply.open_backing(f)

@@ -284,8 +284,52 @@ impl CheckpointFs {
         self.of_inode(ino).readdir(ino, offset, add)
     }
 
+    /// `readdir` with each entry looked up, as READDIRPLUS answers, so that `ls -l`
+    /// needs no lookup per entry: `add(entry, found, next)` gets `None` for `.` and
+    /// `..` (the kernel ignores their attributes). The kernel counts a lookup only for
+    /// an entry it received: one that did not fit (`add` says the reply is full) is
+    /// forgotten again here.
+    pub fn readdirplus(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry, Option<&Entry>, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let mut failure = None;
+        let result = self.readdir(ino, offset, &mut |entry, next| {
+            if entry.name == b"." || entry.name == b".." {
+                return add(entry, None, next);
+            }
+            let found = match self.lookup(ino, &entry.name) {
+                Ok(found) => found,
+                Err(e) => {
+                    failure = Some(e);
+                    return true;
+                }
+            };
+            let full = add(entry, Some(&found), next);
+            if full {
+                self.forget(found.attr.ino, 1);
+            }
+            full
+        });
+        result.and_then(|()| failure.map_or(Ok(()), Err))
+    }
+
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
         self.of_inode(ino).open(ino, flags)
+    }
+
+    /// Answers the kernel's OPEN: opened by the daemon, or, once the file is found
+    /// openable where opens are free ([`CheckpointFs::open_is_free`]), `None`: the
+    /// kernel is to open it, and every file after it, by itself.
+    pub fn open_for_kernel(&self, ino: u64, flags: i32) -> Result<Option<Opened>, FsError> {
+        let opened = self.open(ino, flags)?;
+        if self.open_is_free() {
+            self.release(opened.fh);
+            return Ok(None);
+        }
+        Ok(Some(opened))
     }
 
     /// Whether opening a file asks nothing of the daemon: on a read-only mount without

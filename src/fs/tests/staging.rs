@@ -269,3 +269,41 @@ fn reopening_a_deep_directory_keeps_the_other_descriptors() {
         );
     }
 }
+
+/// READDIRPLUS looks each entry up; the kernel counts the lookup only for an entry it
+/// received, so one that did not fit in the reply is forgotten again: a file the
+/// kernel was never told of is not kept once its name goes.
+#[test]
+fn readdirplus_counts_a_lookup_only_for_the_entries_sent() {
+    let (f, _) = fixture(&[]);
+    // The file of each workspace, listed into a reply with room for it or without.
+    let listed = |name: &[u8], room: bool| {
+        let (ws, dir) = workspace(&f.fs, name);
+        std::fs::write(f.staging_dir.join(&dir).join("f"), name).unwrap();
+        let mut file = None;
+        f.fs.readdirplus(ws, 0, &mut |entry, found, _| {
+            match found {
+                None => assert!(entry.name == b"." || entry.name == b".."),
+                Some(found) => {
+                    assert_eq!(entry.name, b"f");
+                    // A generation comes with entries only, never with getattr.
+                    let attr = Attr {
+                        generation: 0,
+                        ..found.attr
+                    };
+                    assert_eq!(attr, f.fs.getattr(found.attr.ino).unwrap().attr);
+                    file = Some(found.attr.ino);
+                    return !room;
+                }
+            }
+            false
+        })
+        .unwrap();
+        f.fs.unlink(ws, b"f").unwrap();
+        file.expect("f listed")
+    };
+    let sent = listed(b"sent", true);
+    let not_sent = listed(b"not-sent", false);
+    assert_eq!(f.fs.read(sent, NO_HANDLE, 0, 100).unwrap(), b"sent");
+    assert!(f.fs.read(not_sent, NO_HANDLE, 0, 100).is_err());
+}
