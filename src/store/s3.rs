@@ -17,6 +17,9 @@
 //! Writes are conditional (`If-None-Match: *`): a concurrent writer of the same
 //! checkpoint makes ours answer 412, which means the object is already there.
 //! A multipart upload that fails for any reason is aborted before the error returns.
+//!
+//! Multipart uploads and the store's copies of parts are in `upload.rs`; the one
+//! sentence a failure says to a user is made in `errors.rs`.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -26,28 +29,30 @@ use std::time::{Duration, SystemTime};
 use aws_config::environment::region::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::profile::ProfileFileRegionProvider;
-use aws_credential_types::provider::error::CredentialsError;
 use aws_runtime::env_config::file::{
     EnvConfigFileKind as ProfileFileKind, EnvConfigFiles as ProfileFiles,
 };
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::primitives::{ByteStream, Length};
-use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::ChecksumAlgorithm;
 use bytes::{Buf, Bytes};
 use tokio::runtime::Runtime;
 
-use super::parts::{self, Part};
+use super::parts::{self};
 use super::{
     ObjectInfo, ObjectMeta, ObjectReader, ObjectStore, ObjectVersion, Progress, PutMode,
     PutOutcome, Reuse, StoreError, Stored,
 };
 
 pub use super::parts::MIN_PART_SIZE;
-/// Parts uploaded at the same time by one multipart upload.
-const PARTS_IN_FLIGHT: usize = 4;
 
+mod errors;
+mod upload;
+
+use errors::{is_not_found, is_precondition_failed, remote_error};
+use upload::{copy_source, digests_of_range};
 pub struct S3Store {
     runtime: Runtime,
     client: Client,
@@ -212,84 +217,6 @@ impl S3Store {
         }
     }
 
-    async fn put_multipart(
-        &self,
-        name: &str,
-        path: &Path,
-        plan: &[Part],
-        metadata: &BTreeMap<String, String>,
-        mode: PutMode,
-        progress: Progress<'_>,
-    ) -> Result<(PutOutcome, u64), StoreError> {
-        let key = self.key(name);
-        let created = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(&key)
-            .set_metadata(Some(metadata.clone().into_iter().collect()))
-            .checksum_algorithm(ChecksumAlgorithm::Sha256)
-            .send()
-            .await
-            .map_err(|e| self.remote_error("CreateMultipartUpload", name, &e))?;
-        let upload_id = created.upload_id().unwrap_or_default().to_owned();
-        let (parts, md5_only) = match self
-            .upload_parts(name, path, plan, &upload_id, progress)
-            .await
-        {
-            Ok(done) => done,
-            Err(e) => {
-                self.abort_upload(&key, &upload_id).await;
-                return Err(e);
-            }
-        };
-        let completed = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.bucket)
-            .key(&key)
-            .upload_id(&upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .set_if_none_match(if_absent(mode))
-            .send()
-            .await;
-        let result = match completed {
-            Ok(_) => return Ok((PutOutcome::Stored, md5_only)),
-            Err(e) if is_precondition_failed(&e) => Ok((PutOutcome::AlreadyPresent, 0)),
-            // Some servers answer 200 with a body the SDK cannot parse (moto names the
-            // XML root differently). The object is content-addressed, so if it exists
-            // now it is the right one, whoever completed it.
-            Err(e) if e.raw_response().is_some_and(|r| r.status().is_success()) => {
-                match self.exists_async(name).await {
-                    Ok(true) => return Ok((PutOutcome::Stored, md5_only)),
-                    _ => Err(self.remote_error("CompleteMultipartUpload", name, &e)),
-                }
-            }
-            Err(e) => Err(self.remote_error("CompleteMultipartUpload", name, &e)),
-        };
-        // The upload was not completed: it must not be left behind, holding storage.
-        self.abort_upload(&key, &upload_id).await;
-        result
-    }
-
-    async fn abort_upload(&self, key: &str, upload_id: &str) {
-        let aborted = self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .send()
-            .await;
-        if let Err(e) = aborted {
-            tracing::warn!(key, upload_id, error = %DisplayErrorContext(&e), "could not abort the multipart upload");
-        }
-    }
-
     async fn exists_async(&self, name: &str) -> Result<bool, StoreError> {
         let response = self
             .client
@@ -333,156 +260,6 @@ impl S3Store {
         }
         self.remote_error("HeadObject", name, err)
     }
-
-    async fn upload_parts(
-        &self,
-        name: &str,
-        path: &Path,
-        plan: &[Part],
-        upload_id: &str,
-        progress: Progress<'_>,
-    ) -> Result<(Vec<CompletedPart>, u64), StoreError> {
-        let size: u64 = plan.iter().map(|p| p.length).sum();
-        let mut md5_only = 0;
-        let mut parts = Vec::with_capacity(plan.len());
-        let mut in_flight = tokio::task::JoinSet::new();
-        let mut done = 0u64;
-        let mut next = 0;
-        while next < plan.len() || !in_flight.is_empty() {
-            while next < plan.len() && in_flight.len() < PARTS_IN_FLIGHT {
-                let part = plan[next].clone();
-                let number = (next + 1) as i32;
-                let shown = format!("s3://{}/{}", self.bucket, self.key(name));
-                let endpoint = self.endpoint.clone();
-                let (path, client, bucket, key, upload_id) = (
-                    path.to_owned(),
-                    self.client.clone(),
-                    self.bucket.clone(),
-                    self.key(name),
-                    upload_id.to_owned(),
-                );
-                let source = part.copy.as_ref().map(|(object, offset)| {
-                    (copy_source(&self.bucket, &self.key(object)), *offset)
-                });
-                in_flight.spawn(async move {
-                    let read_error = |e: io::Error| StoreError::io("read", &path, e);
-                    // Hashed in the part's own task, so that hashing overlaps with the
-                    // other parts' transfers.
-                    let (sha256, md5) = {
-                        let path = path.clone();
-                        let copying = part.copy.is_some();
-                        tokio::task::spawn_blocking(move || {
-                            digests_of_range(&path, part.offset, part.length, copying)
-                        })
-                        .await
-                        .map_err(io::Error::other)
-                        .and_then(|r| r)
-                        .map_err(read_error)?
-                    };
-                    // Bytes copied that only an MD5 vouches for.
-                    let mut md5_only = 0;
-                    let e_tag = match source {
-                        None => {
-                            // The part carries the SHA-256 of its bytes, for the server
-                            // to check.
-                            let body = ByteStream::read_from()
-                                .path(&path)
-                                .offset(part.offset)
-                                .length(Length::Exact(part.length))
-                                .build()
-                                .await
-                                .map_err(|e| read_error(io::Error::other(e)))?;
-                            let uploaded = client
-                                .upload_part()
-                                .bucket(bucket)
-                                .key(key)
-                                .upload_id(upload_id)
-                                .part_number(number)
-                                .checksum_algorithm(ChecksumAlgorithm::Sha256)
-                                .checksum_sha256(&sha256)
-                                .body(body)
-                                .send()
-                                .await
-                                .map_err(|e| remote_error("UploadPart", shown, &endpoint, &e))?;
-                            uploaded.e_tag().map(str::to_owned)
-                        }
-                        Some((source, source_offset)) => {
-                            let range = format!(
-                                "bytes={source_offset}-{}",
-                                source_offset + part.length - 1
-                            );
-                            let copied = client
-                                .upload_part_copy()
-                                .bucket(bucket)
-                                .key(key)
-                                .upload_id(upload_id)
-                                .part_number(number)
-                                .copy_source(&source)
-                                .copy_source_range(&range)
-                                .send()
-                                .await
-                                .map_err(|e| remote_error("UploadPartCopy", shown.clone(), &endpoint, &e))?;
-                            let result = copied.copy_part_result();
-                            let e_tag = result.and_then(|r| r.e_tag()).map(str::to_owned);
-                            let server_sha256 = result.and_then(|r| r.checksum_sha256());
-                            // The source may have changed since it was recorded, or the
-                            // hint be wrong: the copy must be exactly the file's bytes.
-                            let md5 = md5.unwrap_or_default();
-                            if e_tag.as_deref().map(|t| t.trim_matches('"')) != Some(md5.as_str())
-                                || server_sha256.is_some_and(|c| c != sha256)
-                            {
-                                return Err(StoreError::Remote {
-                                    operation: "UploadPartCopy",
-                                    name: shown,
-                                    message: format!(
-                                        "the copy of {source} {range} is not the bytes expected (ETag {}, MD5 {md5})",
-                                        e_tag.as_deref().unwrap_or("none")
-                                    ),
-                                });
-                            }
-                            if server_sha256.is_none() {
-                                md5_only = part.length;
-                            }
-                            e_tag
-                        }
-                    };
-                    let completed = CompletedPart::builder()
-                        .part_number(number)
-                        .set_e_tag(e_tag)
-                        .checksum_sha256(sha256)
-                        .build();
-                    Ok::<_, StoreError>((completed, part.length, md5_only))
-                });
-                next += 1;
-            }
-            let Some(joined) = in_flight.join_next().await else {
-                break;
-            };
-            let (part, length, part_md5_only) = joined.map_err(|e| StoreError::Remote {
-                operation: "UploadPart",
-                name: name.to_owned(),
-                message: e.to_string(),
-            })??;
-            md5_only += part_md5_only;
-            parts.push(part);
-            done += length;
-            progress(done, size);
-        }
-        parts.sort_by_key(|p| p.part_number());
-        Ok((parts, md5_only))
-    }
-}
-
-/// The `x-amz-copy-source` of an object: bucket and key, URL-encoded.
-fn copy_source(bucket: &str, key: &str) -> String {
-    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-    const KEEP: &AsciiSet = &NON_ALPHANUMERIC
-        .remove(b'/')
-        .remove(b'-')
-        .remove(b'_')
-        .remove(b'.')
-        .remove(b'~');
-    format!("{bucket}/{}", utf8_percent_encode(key, KEEP))
 }
 
 /// The endpoint URL without a `user:password@` part. S3 requests are signed with the
@@ -518,102 +295,6 @@ fn without_userinfo(url: &str) -> String {
             }
         }
         None => url.to_owned(),
-    }
-}
-
-fn remote_error<E>(
-    operation: &'static str,
-    name: String,
-    endpoint: &str,
-    err: &SdkError<E>,
-) -> StoreError
-where
-    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
-{
-    // The SDK's own text is a page of nested Debug output; users get one sentence
-    // that says what to do, and `-v` shows the whole chain of causes.
-    tracing::debug!(operation, %name, error = %DisplayErrorContext(err), "S3 request failed");
-    StoreError::Remote {
-        operation,
-        name,
-        message: explain(endpoint, err),
-    }
-}
-
-const NO_CREDENTIALS: &str = "no AWS credentials found: set AWS_ACCESS_KEY_ID and \
-    AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile in ~/.aws/config or \
-    ~/.aws/credentials, or run with an instance or container role";
-
-/// One sentence for an S3 failure, naming its cause and, where there is one, the fix.
-fn explain<E>(endpoint: &str, err: &SdkError<E>) -> String
-where
-    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
-{
-    if let Some(credentials) = cause::<CredentialsError>(err) {
-        return match credentials {
-            CredentialsError::CredentialsNotLoaded(_) if let Some(profile) = aws_profile() => {
-                format!(
-                    "no AWS credentials found for profile {profile:?} (AWS_PROFILE): is it in \
-                     ~/.aws/config or ~/.aws/credentials, with credentials or a way to get them?"
-                )
-            }
-            CredentialsError::CredentialsNotLoaded(_) => NO_CREDENTIALS.to_owned(),
-            // The instance metadata service is the chain's last place to look: when it
-            // refuses (as it does on many hosts and CI machines that are not EC2
-            // instances), nothing before it had credentials either.
-            other if cause::<aws_config::imds::client::error::ImdsError>(other).is_some() => {
-                format!(
-                    "{NO_CREDENTIALS} (the instance metadata service, looked at last, \
-                     answered: {})",
-                    innermost(other)
-                )
-            }
-            other => format!("cannot load AWS credentials: {}", innermost(other)),
-        };
-    }
-    match err {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
-            let code = service.err().code().unwrap_or("");
-            let text = service.err().message().unwrap_or("");
-            match code {
-                "NoSuchBucket" => "no such bucket (NoSuchBucket)".to_owned(),
-                "InvalidAccessKeyId" | "NotSignedUp" => "the server does not know this access key \
-                    (InvalidAccessKeyId): check AWS_ACCESS_KEY_ID or the profile"
-                    .to_owned(),
-                "SignatureDoesNotMatch" => "the secret key does not match the access key \
-                    (SignatureDoesNotMatch): check AWS_SECRET_ACCESS_KEY or the profile"
-                    .to_owned(),
-                "AccessDenied" | "AllAccessDisabled" => format!(
-                    "access denied ({code}): the credentials in use are not allowed this \
-                     request{}",
-                    if text.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; the server says: {text}")
-                    }
-                ),
-                "" if status == 403 => format!(
-                    "access denied (HTTP 403 from {endpoint}, no reason given): check \
-                     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the profile, and what \
-                     the credentials are allowed"
-                ),
-                "" => format!("HTTP {status} from {endpoint}"),
-                _ if text.is_empty() => format!("{code} (HTTP {status})"),
-                _ => format!("{code}: {text} (HTTP {status})"),
-            }
-        }
-        SdkError::DispatchFailure(failure) if failure.is_timeout() => {
-            format!("cannot connect to {endpoint}: timed out")
-        }
-        SdkError::DispatchFailure(failure) if failure.is_io() => {
-            format!("cannot connect to {endpoint}: {}", innermost(err))
-        }
-        SdkError::TimeoutError(_) => format!("no answer from {endpoint} in time"),
-        SdkError::ResponseError(_) => {
-            format!("unreadable answer from {endpoint}: {}", innermost(err))
-        }
-        _ => innermost(err),
     }
 }
 
@@ -654,84 +335,9 @@ fn profile_files_without_home(
     any.then(|| files.build())
 }
 
-fn aws_profile() -> Option<String> {
-    std::env::var("AWS_PROFILE").ok().filter(|p| !p.is_empty())
-}
-
-/// The first error of type `T` in `err`'s chain of causes.
-fn cause<'a, T: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut next = Some(err);
-    while let Some(e) = next {
-        if let Some(found) = e.downcast_ref::<T>() {
-            return Some(found);
-        }
-        next = e.source();
-    }
-    None
-}
-
-/// The message of the last error in the chain: the root cause, such as "Connection
-/// refused (os error 111)".
-fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut last = err;
-    while let Some(source) = last.source() {
-        last = source;
-    }
-    last.to_string()
-}
-
-/// The `x-amz-checksum-sha256` value (base64) of `path`'s bytes from `offset`,
-/// `length` of them, and with `with_md5` their MD5 (hex: what S3 answers as the ETag
-/// of a copied part).
-fn digests_of_range(
-    path: &Path,
-    offset: u64,
-    length: u64,
-    with_md5: bool,
-) -> io::Result<(String, Option<String>)> {
-    use sha2::{Digest, Sha256};
-    use std::io::{Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut part = file.take(length);
-    let mut sha256 = Sha256::new();
-    let mut md5 = with_md5.then(<md5::Md5 as md5::Digest>::new);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = part.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        sha256.update(&buf[..n]);
-        if let Some(md5) = &mut md5 {
-            md5::Digest::update(md5, &buf[..n]);
-        }
-    }
-    Ok((
-        aws_smithy_types::base64::encode(sha256.finalize()),
-        md5.map(|md5| hex::encode(md5::Digest::finalize(md5))),
-    ))
-}
-
 /// `If-None-Match: *` for a put that must not replace an existing object.
 fn if_absent(mode: PutMode) -> Option<String> {
     (mode == PutMode::IfAbsent).then(|| "*".to_owned())
-}
-
-fn is_precondition_failed<E>(err: &SdkError<E>) -> bool {
-    err.raw_response()
-        .is_some_and(|r| r.status().as_u16() == 412)
-}
-
-fn is_not_found<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bool {
-    err.raw_response()
-        .is_some_and(|r| r.status().as_u16() == 404)
-        || err
-            .as_service_error()
-            .and_then(|e| e.code())
-            .is_some_and(|c| c == "NoSuchKey" || c == "NotFound")
 }
 
 /// What a `GetObject` or `HeadObject` response says of its object.
@@ -1052,48 +658,4 @@ impl Read for BodyReader {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::without_userinfo;
-
-    #[test]
-    fn without_home_the_aws_files_are_in_the_users_home() {
-        use super::profile_files_without_home;
-        assert!(
-            profile_files_without_home(Some("/home/me".into()), Some("/root".into())).is_none()
-        );
-        assert!(profile_files_without_home(None, None).is_none());
-        let home = tempfile::tempdir().unwrap();
-        assert!(profile_files_without_home(None, Some(home.path().into())).is_none());
-        std::fs::create_dir(home.path().join(".aws")).unwrap();
-        std::fs::write(home.path().join(".aws/credentials"), "[default]\n").unwrap();
-        let files = format!(
-            "{:?}",
-            profile_files_without_home(None, Some(home.path().into())).unwrap()
-        );
-        assert!(files.contains(".aws/credentials"), "{files}");
-        assert!(!files.contains(".aws/config"), "{files}");
-    }
-
-    #[test]
-    fn endpoint_userinfo_is_dropped() {
-        assert_eq!(
-            without_userinfo("http://127.0.0.1:9000"),
-            "http://127.0.0.1:9000"
-        );
-        assert_eq!(
-            without_userinfo("https://key:s3cr3t@minio.local:9000/base"),
-            "https://minio.local:9000/base"
-        );
-        assert_eq!(without_userinfo("http://a@b@host/p@q"), "http://host/p@q");
-        // A password holding `/`, and no scheme at all (attacker review).
-        assert_eq!(
-            without_userinfo("http://user:SEC/RETPW@127.0.0.1:9/"),
-            "http://127.0.0.1:9/"
-        );
-        assert_eq!(without_userinfo("user:SECRETPW@host:9000"), "host:9000");
-        assert_eq!(
-            without_userinfo("http://host:9000/p@q"),
-            "http://host:9000/p@q"
-        );
-    }
-}
+mod tests;
