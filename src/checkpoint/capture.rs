@@ -1,0 +1,243 @@
+//! `put`: a tree archived (deterministically, see `crate::archive::writer`) into a
+//! temporary file, hashed on the way, and stored under its digest, unless the store
+//! already holds a good object of that name; the ranges of objects the store holds
+//! are copied there instead of sent where the member cache knows them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use super::{CheckpointError, CheckpointId, encode_metadata, verify};
+use crate::archive::ArchiveError;
+use crate::archive::writer::{self, WriterOptions};
+use crate::members::store::MemberCache;
+use crate::store::{ObjectStore, Progress, PutMode, PutOutcome, StoreError};
+
+/// The outcome of [`put`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutReport {
+    pub id: CheckpointId,
+    pub size: u64,
+    pub outcome: StoreOutcome,
+    /// Bytes the store copied from checkpoints it held instead of receiving them.
+    pub copied: u64,
+}
+
+/// How a checkpoint came to be in the store, good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Stored,
+    /// The object was there already, and verified.
+    AlreadyPresent,
+    /// The object was there but damaged (`reason`), and was replaced.
+    Replaced {
+        reason: String,
+    },
+}
+
+impl fmt::Display for StoreOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreOutcome::Stored => f.write_str("stored"),
+            StoreOutcome::AlreadyPresent => f.write_str("already present, verified"),
+            StoreOutcome::Replaced { reason } => {
+                write!(f, "stored over a damaged copy ({reason})")
+            }
+        }
+    }
+}
+
+pub struct PutOptions<'a> {
+    pub max_archive_size: u64,
+    /// The largest tar stream: what every reader would refuse to unpack.
+    pub max_unpacked: u64,
+    /// Where the archive is written before upload.
+    pub temp_dir: &'a Path,
+    pub threads: usize,
+    /// Gzip members of earlier captures (see [`crate::members::store`]).
+    pub members: Option<std::sync::Arc<crate::members::store::MemberCache>>,
+    /// The checkpoint this one was made from, recorded in its metadata.
+    pub parent: Option<CheckpointId>,
+}
+
+/// Archives `dir` and stores it, unless the same checkpoint is already there.
+pub fn put(
+    store: &dyn ObjectStore,
+    dir: &Path,
+    options: &PutOptions<'_>,
+    progress: Progress<'_>,
+) -> Result<PutReport, CheckpointError> {
+    let root = open_tree(dir)?;
+    let (archive, written) = write_archive_file(root.as_fd(), options, &mut io::sink())?;
+    tracing::debug!(
+        dir = %dir.display(),
+        sha256 = %written.sha256,
+        bytes = written.size,
+        "archived; storing"
+    );
+    let report = store_archive(
+        store,
+        archive.path(),
+        &written,
+        options.members.as_deref(),
+        options.parent.as_ref(),
+        progress,
+    )?;
+    tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored");
+    Ok(report)
+}
+
+/// Opens the directory to capture. The path is the caller's own and may go through
+/// symlinks; nothing below it is ever followed.
+fn open_tree(dir: &Path) -> Result<std::os::fd::OwnedFd, CheckpointError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOTDIR => CheckpointError::Archive(ArchiveError::Source {
+            path: dir.to_owned(),
+            reason: "not a directory".into(),
+        }),
+        e => CheckpointError::Io {
+            context: format!("open {}", dir.display()),
+            cause: e.into(),
+        },
+    })
+}
+
+/// How the names of [`write_archive_file`]'s temporary files start: a mount deletes
+/// those a killed predecessor left in its work directory.
+pub const PUT_TEMP_PREFIX: &str = ".ckptfs-put-";
+
+/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way;
+/// the uncompressed tar stream is also copied to `tar_copy`.
+pub fn write_archive_file(
+    dir: BorrowedFd<'_>,
+    options: &PutOptions<'_>,
+    tar_copy: &mut dyn io::Write,
+) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
+    let temp = tempfile::Builder::new()
+        .prefix(PUT_TEMP_PREFIX)
+        .tempfile_in(options.temp_dir)
+        .map_err(|cause| CheckpointError::Io {
+            context: format!("create a temporary file in {}", options.temp_dir.display()),
+            cause,
+        })?;
+    let written = writer::write_archive_with_copy(
+        dir,
+        io::BufWriter::with_capacity(1 << 20, temp.as_file()),
+        &WriterOptions {
+            max_size: options.max_archive_size,
+            max_unpacked: options.max_unpacked,
+            threads: options.threads,
+            members: options
+                .members
+                .clone()
+                .map(|m| m as std::sync::Arc<dyn crate::archive::gz::MemberSource>),
+        },
+        tar_copy,
+    )?;
+    Ok((temp, written))
+}
+
+/// Stores an archive already written (and hashed) at `path`. When the store already
+/// has an object of that name, the object is downloaded and verified first: only a
+/// good copy counts as "already present" (callers may then discard the only other
+/// copy of the tree, a staged workspace). A damaged or planted one is replaced.
+///
+/// With `members`, the ranges of the archive that objects stored before hold too (by
+/// their recorded layouts) are offered to the store to copy, and the new object's
+/// layout is recorded once the store holds it, good.
+pub fn store_archive(
+    store: &dyn ObjectStore,
+    path: &Path,
+    written: &writer::WrittenArchive,
+    members: Option<&MemberCache>,
+    parent: Option<&CheckpointId>,
+    progress: Progress<'_>,
+) -> Result<PutReport, CheckpointError> {
+    let id = CheckpointId::parse(&written.sha256).expect("sha256 hex is a valid id");
+    let name = id.object_name();
+    let metadata = encode_metadata(&id, written.size, parent);
+    let mut copied = 0;
+    let mut copied_unchecked = 0;
+    let stored = !store.exists(&name)? && {
+        let reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
+        let stored =
+            store.put_reusing(&name, path, &metadata, PutMode::IfAbsent, &reuse, progress)?;
+        copied = stored.copied;
+        copied_unchecked = stored.copied_unchecked;
+        stored.outcome == PutOutcome::Stored
+    };
+    // A copy only an MD5 vouched for is read back (see `Stored::copied_unchecked`);
+    // otherwise the object was there, or a concurrent writer just stored it: only a
+    // good copy counts.
+    let outcome = if stored && copied_unchecked == 0 {
+        StoreOutcome::Stored
+    } else {
+        if copied_unchecked > 0 {
+            tracing::debug!(checkpoint = %id, bytes = copied_unchecked, "reading back an object the store assembled with copies checked by MD5 only");
+        }
+        match verify(store, &id) {
+            Ok(()) if stored => StoreOutcome::Stored,
+            // This capture is a new turn with an old turn's content: the object takes
+            // this capture's time, capture time and parent, so that it is listed as
+            // the newest turn and a prune's grace period covers it. If it was deleted
+            // since it verified (a prune), it is stored again.
+            Ok(()) => match store.refresh(&name, &metadata) {
+                Ok(()) => StoreOutcome::AlreadyPresent,
+                Err(StoreError::NotFound { .. }) => {
+                    store.put(&name, path, &metadata, PutMode::IfAbsent, progress)?;
+                    copied = 0;
+                    StoreOutcome::Stored
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %id, error = %e, "could not make the present object's time now: it keeps its earlier place in the turn order");
+                    StoreOutcome::AlreadyPresent
+                }
+            },
+            Err(CheckpointError::Verify { failure, .. }) => {
+                tracing::warn!(checkpoint = %id, reason = %failure, "the stored object is damaged; replacing it");
+                store.put(&name, path, &metadata, PutMode::Overwrite, progress)?;
+                copied = 0;
+                StoreOutcome::Replaced {
+                    reason: failure.to_string(),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    if let Some(members) = members
+        && let Err(e) = members.record_layout(&name, &written.members)
+    {
+        tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
+    }
+    Ok(PutReport {
+        id,
+        size: written.size,
+        outcome,
+        copied,
+    })
+}
+
+/// The ranges of `written` that objects the store still has hold too, by the layouts
+/// `members` recorded (the store checks each range it copies).
+fn reusable(
+    store: &dyn ObjectStore,
+    members: &MemberCache,
+    written: &writer::WrittenArchive,
+) -> Vec<crate::store::Reuse> {
+    let mut reuse = members.reuse(&written.members);
+    let mut present: HashMap<String, bool> = HashMap::new();
+    reuse.retain(|r| {
+        *present
+            .entry(r.source.clone())
+            .or_insert_with(|| store.exists(&r.source).unwrap_or(false))
+    });
+    reuse
+}
