@@ -258,150 +258,49 @@ impl Extractor {
         name: &OsStr,
         shown: &str,
     ) -> Result<bool, ArchiveError> {
-        let hostile = |reason| ArchiveError::Hostile {
-            entry: shown.to_owned(),
-            reason,
-        };
         let kind = entry.header().entry_type();
         let shared = self.previous_parent.follow(parents);
         let (parent, made) = make_parent(&mut self.parents, parents, shown, tally)?;
         tally.reentered((parents.len() - shared).saturating_sub(made))?;
-        let meta = entry_meta(entry);
         let mode = entry
             .header()
             .mode()
             .map_err(ArchiveError::io(format!("entry {shown}")))?
             & 0o1777;
-        let io_err = |what: &str| ArchiveError::io(format!("{what} {shown}"));
-        // Removes what is at the path; says whether it was a directory.
-        let replace = |parent| {
-            beneath::remove_kind_at(parent, name)
-                .map(|kind| kind == Some(FileType::Directory))
-                .map_err(io_err("replace"))
+        let at = At {
+            parent,
+            name,
+            shown,
+            mode,
+            meta: entry_meta(entry),
         };
-
-        let replaced_dir = match kind {
+        match kind {
             EntryType::Directory => {
-                let made = match beneath::kind_at(parent, name).map_err(io_err("stat"))? {
-                    Some(FileType::Directory) => false,
-                    Some(_) => {
-                        beneath::remove_at(parent, name).map_err(io_err("replace"))?;
-                        true
-                    }
-                    None => true,
-                };
-                if made {
-                    rfs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
-                        .map_err(|e| io_err("create directory")(e.into()))?;
-                }
-                let dir = beneath::open_dir(parent, name).map_err(io_err("open directory"))?;
-                let stat = rfs::fstat(&dir).map_err(|e| io_err("stat")(e.into()))?;
-                let mut path = parents.join(&0);
-                if !path.is_empty() {
-                    path.push(0);
-                }
-                path.extend_from_slice(name.as_bytes());
-                self.remember_dir(DirAttrs {
-                    path,
-                    dev_ino: (stat.st_dev, stat.st_ino),
-                    mode,
-                    meta,
-                });
-                false // a directory there is kept, anything else was not one
+                let attrs = restore_dir(&at, parents)?;
+                self.remember_dir(attrs);
+                Ok(false) // a directory there is kept, anything else was not one
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                let replaced_dir = replace(parent)?;
-                let fd = rfs::openat(
-                    parent,
-                    name,
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o600),
-                )
-                .map_err(|e| io_err("create")(e.into()))?;
-                let mut file = File::from(fd);
-                copy_counted(entry, &mut file, tally).map_err(|e| match e {
-                    CopyError::Read(e) => ArchiveError::Corrupt(e),
-                    CopyError::Write(e) => io_err("write")(e),
-                    CopyError::Limit(e) => e,
-                })?;
+                let replaced_dir = restore_file(&at, entry, tally, self.as_root)?;
                 self.summary.bytes += entry.size();
-                if self.as_root {
-                    let (uid, gid) = ids(meta);
-                    rfs::fchown(&file, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
-                }
-                rfs::fchmod(&file, Mode::from_raw_mode(mode))
-                    .map_err(|e| io_err("chmod")(e.into()))?;
-                rfs::futimens(&file, &timestamps(meta.mtime))
-                    .map_err(|e| io_err("set mtime of")(e.into()))?;
-                replaced_dir
+                Ok(replaced_dir)
             }
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| hostile("symlink without a target"))?
-                    .into_owned();
-                let replaced_dir = replace(parent)?;
-                rfs::symlinkat(OsStr::from_bytes(&target), parent, name)
-                    .map_err(|e| io_err("create symlink")(e.into()))?;
-                set_owner_and_mtime_at(self.as_root, parent, name, meta)
-                    .map_err(io_err("set attributes of"))?;
-                replaced_dir
-            }
+            EntryType::Symlink => restore_symlink(&at, entry, self.as_root),
             EntryType::Link => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| hostile("hard link without a target"))?
-                    .into_owned();
-                let link_hostile = |reason| ArchiveError::Hostile {
-                    entry: format!("{shown} -> {}", display_path(&target)),
-                    reason,
-                };
-                let target_parts = clean_path(&target).map_err(link_hostile)?;
-                let (target_name, target_parents) = target_parts
-                    .split_last()
-                    .ok_or_else(|| link_hostile("hard link to the archive's root"))?;
-                let shared = self.previous_target.follow(target_parents);
-                let target_dir = self
-                    .link_targets
-                    .open(target_parents)
-                    .map_err(|_| link_hostile("hard link to a file that is not in the archive"))?;
-                tally.reentered(target_parents.len() - shared)?;
-                let target_name = OsStr::from_bytes(target_name);
-                match beneath::kind_at(target_dir, target_name) {
-                    Ok(Some(FileType::Directory)) => {
-                        return Err(link_hostile("hard link to a directory"));
-                    }
-                    Ok(Some(_)) => {}
-                    _ => {
-                        return Err(link_hostile(
-                            "hard link to a file that is not in the archive",
-                        ));
-                    }
-                }
-                if same_entry(target_dir, target_name, parent, name) {
-                    return Ok(false); // a link to itself: already in place
-                }
-                let replaced_dir = replace(parent)?;
-                rfs::linkat(target_dir, target_name, parent, name, AtFlags::empty())
-                    .map_err(|e| io_err("create hard link")(e.into()))?;
-                replaced_dir
+                let targets = (&mut self.link_targets, &mut self.previous_target);
+                restore_link(&at, entry, tally, targets)
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
                 tracing::warn!(entry = %shown, "skipping device file or FIFO");
                 self.summary.skipped += 1;
-                false
+                Ok(false)
             }
             other => {
                 tracing::warn!(entry = %shown, kind = ?other, "skipping entry of unsupported type");
                 self.summary.skipped += 1;
-                false
+                Ok(false)
             }
-        };
-        Ok(replaced_dir)
+        }
     }
 
     fn remember_dir(&mut self, attrs: DirAttrs) {
@@ -454,6 +353,163 @@ impl Extractor {
         }
         Ok(())
     }
+}
+
+/// Where an entry is restored (`name` in `parent`), and what its header says.
+struct At<'a> {
+    parent: BorrowedFd<'a>,
+    name: &'a OsStr,
+    /// The entry's path as messages show it.
+    shown: &'a str,
+    mode: u32,
+    meta: EntryMeta,
+}
+
+impl At<'_> {
+    fn io_err(&self, what: &str) -> impl FnOnce(io::Error) -> ArchiveError {
+        ArchiveError::io(format!("{what} {}", self.shown))
+    }
+
+    fn hostile(&self, reason: &'static str) -> ArchiveError {
+        ArchiveError::Hostile {
+            entry: self.shown.to_owned(),
+            reason,
+        }
+    }
+
+    /// Removes what is at the path; says whether it was a directory.
+    fn replace(&self) -> Result<bool, ArchiveError> {
+        beneath::remove_kind_at(self.parent, self.name)
+            .map(|kind| kind == Some(FileType::Directory))
+            .map_err(self.io_err("replace"))
+    }
+}
+
+/// Makes (or keeps) the directory; its attributes are applied when the restore ends.
+fn restore_dir(at: &At<'_>, parents: &[&[u8]]) -> Result<DirAttrs, ArchiveError> {
+    let (parent, name) = (at.parent, at.name);
+    let made = match beneath::kind_at(parent, name).map_err(at.io_err("stat"))? {
+        Some(FileType::Directory) => false,
+        Some(_) => {
+            beneath::remove_at(parent, name).map_err(at.io_err("replace"))?;
+            true
+        }
+        None => true,
+    };
+    if made {
+        rfs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+            .map_err(|e| at.io_err("create directory")(e.into()))?;
+    }
+    let dir = beneath::open_dir(parent, name).map_err(at.io_err("open directory"))?;
+    let stat = rfs::fstat(&dir).map_err(|e| at.io_err("stat")(e.into()))?;
+    let mut path = parents.join(&0);
+    if !path.is_empty() {
+        path.push(0);
+    }
+    path.extend_from_slice(name.as_bytes());
+    Ok(DirAttrs {
+        path,
+        dev_ino: (stat.st_dev, stat.st_ino),
+        mode: at.mode,
+        meta: at.meta,
+    })
+}
+
+/// Writes a regular file, counting its bytes against the limits; says whether a
+/// directory was replaced.
+fn restore_file<R: Read>(
+    at: &At<'_>,
+    entry: &mut Entry<'_, R>,
+    tally: &mut Tally,
+    as_root: bool,
+) -> Result<bool, ArchiveError> {
+    let replaced_dir = at.replace()?;
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rfs::openat(at.parent, at.name, flags, Mode::from_raw_mode(0o600))
+        .map_err(|e| at.io_err("create")(e.into()))?;
+    let mut file = File::from(fd);
+    copy_counted(entry, &mut file, tally).map_err(|e| match e {
+        CopyError::Read(e) => ArchiveError::Corrupt(e),
+        CopyError::Write(e) => at.io_err("write")(e),
+        CopyError::Limit(e) => e,
+    })?;
+    if as_root {
+        let (uid, gid) = ids(at.meta);
+        rfs::fchown(&file, uid, gid).map_err(|e| at.io_err("chown")(e.into()))?;
+    }
+    rfs::fchmod(&file, Mode::from_raw_mode(at.mode)).map_err(|e| at.io_err("chmod")(e.into()))?;
+    rfs::futimens(&file, &timestamps(at.meta.mtime))
+        .map_err(|e| at.io_err("set mtime of")(e.into()))?;
+    Ok(replaced_dir)
+}
+
+/// Makes a symlink (never followed); says whether a directory was replaced.
+fn restore_symlink<R: Read>(
+    at: &At<'_>,
+    entry: &mut Entry<'_, R>,
+    as_root: bool,
+) -> Result<bool, ArchiveError> {
+    let target = entry
+        .link_name_bytes()
+        .ok_or_else(|| at.hostile("symlink without a target"))?
+        .into_owned();
+    let replaced_dir = at.replace()?;
+    rfs::symlinkat(OsStr::from_bytes(&target), at.parent, at.name)
+        .map_err(|e| at.io_err("create symlink")(e.into()))?;
+    set_owner_and_mtime_at(as_root, at.parent, at.name, at.meta)
+        .map_err(at.io_err("set attributes of"))?;
+    Ok(replaced_dir)
+}
+
+/// Makes a hard link to a file the archive restored before (the target's directory
+/// reached with its own cursor, and its path tallied); says whether a directory was
+/// replaced.
+fn restore_link<R: Read>(
+    at: &At<'_>,
+    entry: &mut Entry<'_, R>,
+    tally: &mut Tally,
+    (targets, previous_target): (&mut DirCursor, &mut PreviousPath),
+) -> Result<bool, ArchiveError> {
+    let target = entry
+        .link_name_bytes()
+        .ok_or_else(|| at.hostile("hard link without a target"))?
+        .into_owned();
+    let link_hostile = |reason| ArchiveError::Hostile {
+        entry: format!("{} -> {}", at.shown, display_path(&target)),
+        reason,
+    };
+    let target_parts = clean_path(&target).map_err(link_hostile)?;
+    let (target_name, target_parents) = target_parts
+        .split_last()
+        .ok_or_else(|| link_hostile("hard link to the archive's root"))?;
+    let shared = previous_target.follow(target_parents);
+    let target_dir = targets
+        .open(target_parents)
+        .map_err(|_| link_hostile("hard link to a file that is not in the archive"))?;
+    tally.reentered(target_parents.len() - shared)?;
+    let target_name = OsStr::from_bytes(target_name);
+    match beneath::kind_at(target_dir, target_name) {
+        Ok(Some(FileType::Directory)) => return Err(link_hostile("hard link to a directory")),
+        Ok(Some(_)) => {}
+        _ => {
+            return Err(link_hostile(
+                "hard link to a file that is not in the archive",
+            ));
+        }
+    }
+    if same_entry(target_dir, target_name, at.parent, at.name) {
+        return Ok(false); // a link to itself: already in place
+    }
+    let replaced_dir = at.replace()?;
+    rfs::linkat(
+        target_dir,
+        target_name,
+        at.parent,
+        at.name,
+        AtFlags::empty(),
+    )
+    .map_err(|e| at.io_err("create hard link")(e.into()))?;
+    Ok(replaced_dir)
 }
 
 /// Opens (creating missing ones, like tar) the parent directories of an entry, below
