@@ -357,17 +357,7 @@ impl Builder<'_> {
             },
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 let node = self.new_node(attrs(NodeKind::Symlink { target: Vec::new() }));
-                if kind != EntryType::GNUSparse {
-                    // Sparse contents are not the stream's bytes as they are.
-                    self.sink
-                        .contents_at(node, entry.raw_file_position(), entry.size());
-                }
-                let (size, location, checksum) = self.store_contents(entry, node, tally)?;
-                self.nodes[node as usize].kind = NodeKind::File {
-                    size,
-                    location,
-                    checksum,
-                };
+                self.add_file(entry, node, tally)?;
                 self.link(parent, name, node);
             }
             EntryType::Symlink => {
@@ -383,18 +373,12 @@ impl Builder<'_> {
                     .link_name_bytes()
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
-                match self.link_target(&target, tally)? {
-                    Some(node) if self.children[node as usize].is_none() => {
-                        if self.child(parent, name) != Some(node) {
-                            self.nodes[node as usize].nlink += 1;
-                            self.link(parent, name, node);
-                        }
-                    }
-                    _ => tracing::warn!(
+                if !self.add_hard_link(parent, name, &target, tally)? {
+                    tracing::warn!(
                         entry = %display_path(&raw),
                         target = %display_path(&target),
                         "skipping hard link to a file not in the archive"
-                    ),
+                    );
                 }
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
@@ -405,6 +389,49 @@ impl Builder<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Gives file `node` its contents: where they are in the tar stream (for the
+    /// sink) and where the sink stores them.
+    fn add_file<R: Read>(
+        &mut self,
+        entry: &mut Entry<'_, R>,
+        node: u32,
+        tally: &mut Tally,
+    ) -> Result<(), ArchiveError> {
+        if entry.header().entry_type() != EntryType::GNUSparse {
+            // Sparse contents are not the stream's bytes as they are.
+            self.sink
+                .contents_at(node, entry.raw_file_position(), entry.size());
+        }
+        let (size, location, checksum) = self.store_contents(entry, node, tally)?;
+        self.nodes[node as usize].kind = NodeKind::File {
+            size,
+            location,
+            checksum,
+        };
+        Ok(())
+    }
+
+    /// Links `parent/name` to the file at `target`, which an earlier entry made; false
+    /// if there is no such file.
+    fn add_hard_link(
+        &mut self,
+        parent: u32,
+        name: &[u8],
+        target: &[u8],
+        tally: &mut Tally,
+    ) -> Result<bool, ArchiveError> {
+        match self.link_target(target, tally)? {
+            Some(node) if self.children[node as usize].is_none() => {
+                if self.child(parent, name) != Some(node) {
+                    self.nodes[node as usize].nlink += 1;
+                    self.link(parent, name, node);
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn store_contents(

@@ -277,10 +277,7 @@ impl Walk {
         let archive_name = Path::new(OsStr::from_bytes(path));
         let stat =
             rfs::statat(dir, os_name, AtFlags::SYMLINK_NOFOLLOW).map_err(errno("stat", path))?;
-        let changed = || ArchiveError::Source {
-            path: PathBuf::from(OsStr::from_bytes(path)),
-            reason: "changed type while it was being archived".into(),
-        };
+        let changed = || changed(path);
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::Directory => {
                 walk.enter(os_name).map_err(|e| match e.raw_os_error() {
@@ -312,51 +309,7 @@ impl Walk {
                 Ok(false)
             }
             FileType::RegularFile => {
-                let fd = rfs::openat(
-                    dir,
-                    os_name,
-                    OFlags::RDONLY
-                        | OFlags::NOFOLLOW
-                        | OFlags::NONBLOCK
-                        | OFlags::NOCTTY
-                        | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| match e {
-                    rustix::io::Errno::LOOP => changed(),
-                    e => errno("open", path)(e),
-                })?;
-                let stat = rfs::fstat(&fd).map_err(errno("stat", path))?;
-                if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-                    return Err(changed());
-                }
-                if stat.st_nlink > 1 {
-                    let key = (stat.st_dev, stat.st_ino);
-                    if let Some(first) = self.hard_links.get(&key) {
-                        let mut header = header_for(&stat, EntryType::Link);
-                        entry_boundary(builder, path, 0)?;
-                        builder
-                            .append_link(
-                                &mut header,
-                                archive_name,
-                                Path::new(OsStr::from_bytes(first)),
-                            )
-                            .map_err(io_error("archive", path))?;
-                        return Ok(false);
-                    }
-                    self.hard_links.insert(key, path.to_vec());
-                }
-                let size = stat.st_size as u64;
-                let mut header = header_for(&stat, EntryType::Regular);
-                header.set_size(size);
-                let contents = ExactReader {
-                    inner: File::from(fd).take(size),
-                    remaining: size,
-                };
-                entry_boundary(builder, path, size)?;
-                builder
-                    .append_data(&mut header, archive_name, contents)
-                    .map_err(io_error("archive", path))?;
+                self.append_file(builder, dir, os_name, path)?;
                 Ok(false)
             }
             other => {
@@ -369,6 +322,68 @@ impl Walk {
                 Ok(false)
             }
         }
+    }
+
+    /// Appends the regular file `name` of `dir` (`path` in the archive), or a hard
+    /// link to the path it was first archived as.
+    fn append_file<W: Write>(
+        &mut self,
+        builder: &mut Builder<'_, W>,
+        dir: BorrowedFd<'_>,
+        os_name: &OsStr,
+        path: &[u8],
+    ) -> Result<(), ArchiveError> {
+        let archive_name = Path::new(OsStr::from_bytes(path));
+        let fd = rfs::openat(
+            dir,
+            os_name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => changed(path),
+            e => errno("open", path)(e),
+        })?;
+        let stat = rfs::fstat(&fd).map_err(errno("stat", path))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(changed(path));
+        }
+        if stat.st_nlink > 1 {
+            let key = (stat.st_dev, stat.st_ino);
+            if let Some(first) = self.hard_links.get(&key) {
+                let mut header = header_for(&stat, EntryType::Link);
+                entry_boundary(builder, path, 0)?;
+                builder
+                    .append_link(
+                        &mut header,
+                        archive_name,
+                        Path::new(OsStr::from_bytes(first)),
+                    )
+                    .map_err(io_error("archive", path))?;
+                return Ok(());
+            }
+            self.hard_links.insert(key, path.to_vec());
+        }
+        let size = stat.st_size as u64;
+        let mut header = header_for(&stat, EntryType::Regular);
+        header.set_size(size);
+        let contents = ExactReader {
+            inner: File::from(fd).take(size),
+            remaining: size,
+        };
+        entry_boundary(builder, path, size)?;
+        builder
+            .append_data(&mut header, archive_name, contents)
+            .map_err(io_error("archive", path))?;
+        Ok(())
+    }
+}
+
+/// A file that became something else between its `stat` and its `open`.
+fn changed(path: &[u8]) -> ArchiveError {
+    ArchiveError::Source {
+        path: PathBuf::from(OsStr::from_bytes(path)),
+        reason: "changed type while it was being archived".into(),
     }
 }
 
