@@ -53,7 +53,6 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         }
     };
     let mut turns = Vec::with_capacity(shown.len());
-    let nothing = empty_index();
     // The last turn that could be read: a damaged one is shown as such, and the
     // next is compared with the one before it.
     let mut previous: Option<(&CheckpointInfo, Arc<VerifiedCheckpoint>)> = None;
@@ -73,42 +72,7 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
             }
         };
         let listed_parent = parent.as_ref().and_then(|p| listed.get(p).copied());
-        let loaded_parent = match (listed_parent, &previous) {
-            (Some(p), Some((prev, prev_checkpoint))) if p.id == prev.id => {
-                Some((p, Arc::clone(prev_checkpoint)))
-            }
-            (Some(p), _) => match session.load(p) {
-                Ok(parent_checkpoint) => Some((p, parent_checkpoint)),
-                Err(e) => {
-                    unreadable(&e)?;
-                    None
-                }
-            },
-            (None, _) => None,
-        };
-        let (base, changes) = match (loaded_parent, &previous) {
-            (Some((p, parent_checkpoint)), _) => (
-                Some(p),
-                DiffStats::between(
-                    &parent_checkpoint.index,
-                    &checkpoint.index,
-                    &mut same_bytes(&parent_checkpoint, &checkpoint),
-                ),
-            ),
-            (None, Some((prev, prev_checkpoint))) => (
-                Some(*prev),
-                DiffStats::between(
-                    &prev_checkpoint.index,
-                    &checkpoint.index,
-                    &mut same_bytes(prev_checkpoint, &checkpoint),
-                ),
-            ),
-            // Nothing on the old side: no file is compared.
-            (None, None) => (
-                None,
-                DiffStats::between(&nothing, &checkpoint.index, &mut |_, _| true),
-            ),
-        };
+        let (base, changes) = compared(&session, &checkpoint, listed_parent, previous.as_ref())?;
         turns.push(Turn {
             info,
             contents: Ok((summarize(&checkpoint.index), changes)),
@@ -126,29 +90,7 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         writeln!(out)?;
     } else {
         for turn in &turns {
-            let time = humantime::format_rfc3339_seconds(turn.info.last_modified);
-            let (id, size) = (turn.info.id.short(), turn.info.size);
-            let (summary, changes) = match &turn.contents {
-                Ok(contents) => contents,
-                Err(reason) => {
-                    writeln!(out, "{time}  {id}  {size} bytes  FAILED: {reason}")?;
-                    continue;
-                }
-            };
-            let DiffStats {
-                added,
-                removed,
-                modified,
-                bytes_added,
-                bytes_removed,
-            } = *changes;
-            writeln!(
-                out,
-                "{time}  {id}  {size} bytes  {} files  +{added} ~{modified} -{removed}  \
-                 +{bytes_added} -{bytes_removed} bytes{}",
-                summary.files,
-                parent_note(turn),
-            )?;
+            writeln!(out, "{}", line(turn))?;
         }
     }
     out.flush()?;
@@ -165,6 +107,67 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// What `checkpoint` is compared with, and its changes: the parent it claims if that
+/// can be read, else the turn before it (the last one read), else nothing.
+fn compared<'a>(
+    session: &Session,
+    checkpoint: &VerifiedCheckpoint,
+    parent: Option<&'a CheckpointInfo>,
+    previous: Option<&(&'a CheckpointInfo, Arc<VerifiedCheckpoint>)>,
+) -> Result<(Option<&'a CheckpointInfo>, DiffStats)> {
+    let loaded_parent = match (parent, previous) {
+        (Some(p), Some((prev, prev_checkpoint))) if p.id == prev.id => {
+            Some((p, Arc::clone(prev_checkpoint)))
+        }
+        (Some(p), _) => match session.load(p) {
+            Ok(parent_checkpoint) => Some((p, parent_checkpoint)),
+            Err(e) => {
+                unreadable(&e)?;
+                None
+            }
+        },
+        (None, _) => None,
+    };
+    let (base, old) = match (loaded_parent, previous) {
+        (Some((p, parent_checkpoint)), _) => (Some(p), Some(parent_checkpoint)),
+        (None, Some((prev, prev_checkpoint))) => (Some(*prev), Some(Arc::clone(prev_checkpoint))),
+        (None, None) => (None, None),
+    };
+    let changes = match old {
+        Some(old) => DiffStats::between(
+            &old.index,
+            &checkpoint.index,
+            &mut same_bytes(&old, checkpoint),
+        ),
+        // Nothing on the old side: no file is compared.
+        None => DiffStats::between(&empty_index(), &checkpoint.index, &mut |_, _| true),
+    };
+    Ok((base, changes))
+}
+
+/// A turn's line of text: its time, digest, size and changes, or why it failed.
+fn line(turn: &Turn<'_>) -> String {
+    let time = humantime::format_rfc3339_seconds(turn.info.last_modified);
+    let (id, size) = (turn.info.id.short(), turn.info.size);
+    let (summary, changes) = match &turn.contents {
+        Ok(contents) => contents,
+        Err(reason) => return format!("{time}  {id}  {size} bytes  FAILED: {reason}"),
+    };
+    let DiffStats {
+        added,
+        removed,
+        modified,
+        bytes_added,
+        bytes_removed,
+    } = *changes;
+    format!(
+        "{time}  {id}  {size} bytes  {} files  +{added} ~{modified} -{removed}  \
+         +{bytes_added} -{bytes_removed} bytes{}",
+        summary.files,
+        parent_note(turn),
+    )
 }
 
 /// What a turn's line says of its parent; nothing when it claims none (its changes

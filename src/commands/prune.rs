@@ -11,10 +11,11 @@ use anyhow::{Context, Result, bail};
 
 use super::open_store;
 use crate::checkpoint;
+use crate::checkpoint::CheckpointInfo;
 use crate::cli::{Cli, PruneArgs};
 use crate::prune::{Policy, decide};
 use crate::review;
-use crate::store::{DEFAULT_PART_SIZE, StoreError};
+use crate::store::{DEFAULT_PART_SIZE, ObjectStore, StoreError};
 
 pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
     let store = open_store(cli, &args.store, DEFAULT_PART_SIZE)?;
@@ -66,15 +67,7 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
             // A capture may have found this content present since the listing and
             // made the object its own (see `checkpoint::store_archive`): look again.
             let name = info.id.object_name();
-            let captured = match store.head(&name) {
-                Ok(meta) => checkpoint::decode_captured(&meta.metadata),
-                Err(StoreError::NotFound { .. }) => None,
-                Err(e) => return Err(e).with_context(|| format!("checkpoint {}", info.id)),
-            };
-            let now = SystemTime::now();
-            if captured
-                .is_some_and(|t| now.duration_since(t).map_or(true, |age| age < policy.grace))
-            {
+            if captured_since(store.as_ref(), info, policy.grace)? {
                 kept += 1;
                 writeln!(
                     out,
@@ -111,17 +104,38 @@ pub(super) fn run(cli: &Cli, args: &PruneArgs) -> Result<i32> {
         .find(|d| !d.keep())
         .map(|d| d.info.id.object_name());
     if let Some(name) = first_deleted.filter(|_| deleted > 0 && !args.dry_run) {
-        match store.versions(Some(&name)) {
-            Ok(Some(_)) => say::note!(
-                "the bucket keeps versions: the deleted checkpoints are hidden behind delete \
-                 markers and their bytes stay (what Object Lock retains cannot be removed \
-                 before its date); `verify --history` lists them, `get` restores them"
-            ),
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "could not tell whether the bucket keeps versions")
-            }
-        }
+        note_versions(store.as_ref(), &name);
     }
     Ok(0)
+}
+
+/// Whether a capture found `info`'s content present since the listing, within the
+/// grace period, and made the object its own (see `checkpoint::store_archive`).
+fn captured_since(
+    store: &dyn ObjectStore,
+    info: &CheckpointInfo,
+    grace: std::time::Duration,
+) -> Result<bool> {
+    let captured = match store.head(&info.id.object_name()) {
+        Ok(meta) => checkpoint::decode_captured(&meta.metadata),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(e).with_context(|| format!("checkpoint {}", info.id)),
+    };
+    let now = SystemTime::now();
+    Ok(captured.is_some_and(|t| now.duration_since(t).map_or(true, |age| age < grace)))
+}
+
+/// Says what a delete means in a bucket that keeps versions (`name` was deleted).
+fn note_versions(store: &dyn ObjectStore, name: &str) {
+    match store.versions(Some(name)) {
+        Ok(Some(_)) => say::note!(
+            "the bucket keeps versions: the deleted checkpoints are hidden behind delete \
+             markers and their bytes stay (what Object Lock retains cannot be removed \
+             before its date); `verify --history` lists them, `get` restores them"
+        ),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::debug!(error = %e, "could not tell whether the bucket keeps versions")
+        }
+    }
 }

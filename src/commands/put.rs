@@ -1,18 +1,19 @@
 //! `ckptfs put STORE DIR`: captures a directory as a checkpoint; prints
 //! `<sha256> <size>` on stdout and what happened in the store on stderr.
 
-use crate::commands::say;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
 
 use super::{
-    bar, compression_threads, member_cache, open_config, resolve_name, store_config, temp_dir,
+    bar, compression_threads, member_cache, open_config, resolve_name, say, store_config, temp_dir,
 };
 use crate::cache::CacheDir;
-use crate::checkpoint::{self, PutOptions, StoreOutcome};
+use crate::checkpoint::{self, CheckpointId, PutOptions, StoreOutcome};
 use crate::cli::{Cli, PutArgs};
-use crate::store::{self, StoreConfig};
+use crate::members::store::MemberCache;
+use crate::store::{self, ObjectStore, StoreConfig};
 
 pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
     if args.part_size < store::s3::MIN_PART_SIZE {
@@ -28,34 +29,8 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         say::note!("created the store directory {}", args.store);
     }
     let store = open_config(&config)?;
-    let parent = match &args.parent {
-        Some(given) => {
-            let parent =
-                resolve_name(store.as_ref(), given).with_context(|| format!("--parent {given}"))?;
-            if !store.exists(&parent.object_name())? {
-                bail!(
-                    "--parent {given}: checkpoint {parent} is not in {}",
-                    store.describe()
-                );
-            }
-            Some(parent)
-        }
-        None => None,
-    };
-    // Without a cache directory (no HOME), everything is compressed, as before; with
-    // one it cannot use, too, with a warning.
-    let size = args.member_cache_size;
-    let members = match args.cache_dir.clone().or_else(CacheDir::default_path) {
-        None => None,
-        Some(path) => match CacheDir::open(&path) {
-            Ok(dir) => member_cache(&dir, size),
-            Err(e) if size > 0 => {
-                tracing::warn!(error = %e, "no member cache: compressing everything");
-                None
-            }
-            Err(_) => None,
-        },
-    };
+    let parent = parent_of(store.as_ref(), args.parent.as_deref())?;
+    let members = members(args);
     // Archiving first (a spinner), then the upload (a bar of bytes).
     let archiving = std::sync::Mutex::new(Some(super::spinner(format!(
         "archiving {}",
@@ -117,4 +92,36 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
         ),
     }
     Ok(0)
+}
+
+/// `--parent`, resolved and present in the store.
+fn parent_of(store: &dyn ObjectStore, given: Option<&str>) -> Result<Option<CheckpointId>> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    let parent = resolve_name(store, given).with_context(|| format!("--parent {given}"))?;
+    if !store.exists(&parent.object_name())? {
+        bail!(
+            "--parent {given}: checkpoint {parent} is not in {}",
+            store.describe()
+        );
+    }
+    Ok(Some(parent))
+}
+
+/// The member cache of the cache directory. Without a cache directory (no HOME),
+/// everything is compressed, as before; with one it cannot use, too, with a warning.
+fn members(args: &PutArgs) -> Option<Arc<MemberCache>> {
+    let size = args.member_cache_size;
+    match args.cache_dir.clone().or_else(CacheDir::default_path) {
+        None => None,
+        Some(path) => match CacheDir::open(&path) {
+            Ok(dir) => member_cache(&dir, size),
+            Err(e) if size > 0 => {
+                tracing::warn!(error = %e, "no member cache: compressing everything");
+                None
+            }
+            Err(_) => None,
+        },
+    }
 }

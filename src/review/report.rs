@@ -82,33 +82,7 @@ pub fn turn(
 ) -> io::Result<TurnBody> {
     let nothing = empty_index();
     let old_index = base.map_or(&nothing, |b| &b.index);
-    let mut found = Vec::new();
-    // No file is compared when there is no base.
-    let mut trust = |_, _| true;
-    let mut read_back;
-    let same: &mut diff::SameBytes<'_> = match base {
-        Some(base) => {
-            read_back = super::tree::same_bytes(base, new);
-            &mut read_back
-        }
-        None => &mut trust,
-    };
-    diff::diff::<()>(old_index, &new.index, same, |c| {
-        found.push(Found {
-            path: c.path.to_vec(),
-            kind: c.kind,
-            fields: c.fields,
-            old: c.old.map(|(i, _)| i),
-            new: c.new.map(|(i, _)| i),
-            renamed_from: None,
-            renamed_away: false,
-        });
-        Ok(())
-    })
-    .expect("the visitor does not fail");
-    if let Some(base) = base {
-        pair_renames(&mut found, base, new);
-    }
+    let found = changes_of(base, old_index, new);
     let summary = super::tree::summarize(&new.index);
     let mut stats = TurnStats {
         files: summary.files,
@@ -142,39 +116,7 @@ pub fn turn(
                 _ => stats.modified += 1,
             }
         }
-        let mut block = String::new();
-        let _ = write!(
-            block,
-            "<div class=\"change\"><h3>{marker} {}</h3>",
-            html::name(&change.path)
-        );
-        if let Some((from, from_node)) = &change.renamed_from {
-            let _ = write!(
-                block,
-                "<p>renamed from <code>{}</code>, same contents</p>",
-                html::name(from)
-            );
-            // What else changed with the name: a rename may make a file executable.
-            if let (Some(a), Some((_, b))) = (old_index.node(*from_node), new_node) {
-                for line in field_lines(Fields::between(a, b), a, b) {
-                    let _ = write!(block, "<p class=\"muted\">{line}</p>");
-                }
-            }
-        }
-        if let (Some((_, a)), Some((_, b))) = (old, new_node) {
-            for line in field_lines(change.fields, a, b) {
-                let _ = write!(block, "<p class=\"muted\">{line}</p>");
-            }
-        }
-        if let Some((_, node)) = new_node.filter(|_| change.kind == ChangeKind::Added)
-            && let NodeKind::Symlink { target } = &node.kind
-        {
-            let _ = write!(
-                block,
-                "<p class=\"muted\">symlink to <code>{}</code></p>",
-                html::name(target)
-            );
-        }
+        let mut block = change_head(change, marker, old_index, old, new_node);
         if change.renamed_from.is_none() {
             let (detail, lines) = contents(change, (base, old), (new, new_node), budget)?;
             stats.lines_added += lines.added;
@@ -193,18 +135,7 @@ pub fn turn(
             changes.push_str(&block);
         }
     }
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "<h2>Changes</h2>\n<p>{} added, {} modified, {} removed, {} renamed; \
-         +{} &minus;{} lines.</p>\n",
-        stats.added,
-        stats.modified,
-        stats.removed,
-        stats.renamed,
-        stats.lines_added,
-        stats.lines_removed
-    );
+    let mut out = counts_html(&stats);
     if found.is_empty() {
         out.push_str("<p class=\"muted\">Nothing changed.</p>\n");
     }
@@ -226,6 +157,101 @@ pub fn turn(
     out.push_str(&changes);
     out.push_str(&entry_list(&new.index));
     Ok(TurnBody { stats, html: out })
+}
+
+/// The changes from `old_index` (`base`'s, or an empty one) to `new`, renames paired.
+fn changes_of(
+    base: Option<&VerifiedCheckpoint>,
+    old_index: &Index,
+    new: &VerifiedCheckpoint,
+) -> Vec<Found> {
+    let mut found = Vec::new();
+    // No file is compared when there is no base.
+    let mut trust = |_, _| true;
+    let mut read_back;
+    let same: &mut diff::SameBytes<'_> = match base {
+        Some(base) => {
+            read_back = super::tree::same_bytes(base, new);
+            &mut read_back
+        }
+        None => &mut trust,
+    };
+    diff::diff::<()>(old_index, &new.index, same, |c| {
+        found.push(Found {
+            path: c.path.to_vec(),
+            kind: c.kind,
+            fields: c.fields,
+            old: c.old.map(|(i, _)| i),
+            new: c.new.map(|(i, _)| i),
+            renamed_from: None,
+            renamed_away: false,
+        });
+        Ok(())
+    })
+    .expect("the visitor does not fail");
+    if let Some(base) = base {
+        pair_renames(&mut found, base, new);
+    }
+    found
+}
+
+/// The start of a change's block: its marker and path, where it was renamed from,
+/// what changed of its mode, owner or time, and a new symlink's target.
+fn change_head(
+    change: &Found,
+    marker: char,
+    old_index: &Index,
+    old: Option<(u32, &Node)>,
+    new_node: Option<(u32, &Node)>,
+) -> String {
+    let mut block = String::new();
+    let _ = write!(
+        block,
+        "<div class=\"change\"><h3>{marker} {}</h3>",
+        html::name(&change.path)
+    );
+    if let Some((from, from_node)) = &change.renamed_from {
+        let _ = write!(
+            block,
+            "<p>renamed from <code>{}</code>, same contents</p>",
+            html::name(from)
+        );
+        // What else changed with the name: a rename may make a file executable.
+        if let (Some(a), Some((_, b))) = (old_index.node(*from_node), new_node) {
+            for line in field_lines(Fields::between(a, b), a, b) {
+                let _ = write!(block, "<p class=\"muted\">{line}</p>");
+            }
+        }
+    }
+    if let (Some((_, a)), Some((_, b))) = (old, new_node) {
+        for line in field_lines(change.fields, a, b) {
+            let _ = write!(block, "<p class=\"muted\">{line}</p>");
+        }
+    }
+    if let Some((_, node)) = new_node.filter(|_| change.kind == ChangeKind::Added)
+        && let NodeKind::Symlink { target } = &node.kind
+    {
+        let _ = write!(
+            block,
+            "<p class=\"muted\">symlink to <code>{}</code></p>",
+            html::name(target)
+        );
+    }
+    block
+}
+
+/// The page's heading and its counts of changes and lines.
+fn counts_html(stats: &TurnStats) -> String {
+    format!(
+        "<h2>Changes</h2>\n<p>{} added, {} modified, {} removed, {} renamed; \
+         +{} &minus;{} lines.</p>\n",
+        stats.added,
+        stats.modified,
+        stats.removed,
+        stats.renamed,
+        stats.lines_added,
+        stats.lines_removed
+    )
 }
 
 /// Pairs each added file with a removed file of the same bytes. Bounded: each added
