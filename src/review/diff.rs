@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use similar::{Algorithm, TextDiff};
 
-use super::tree::{children, is_dir, step_order};
+use super::tree::{PathStep, children, depth_first, is_dir, step_order};
 use crate::archive::index::{Index, Node, NodeKind, ROOT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +195,16 @@ struct Step<'a> {
     descend: bool,
 }
 
+impl PathStep for Step<'_> {
+    fn name(&self) -> &[u8] {
+        self.name
+    }
+
+    fn descend(&self) -> bool {
+        self.descend
+    }
+}
+
 /// The steps of a directory present on one side or both: the union of their
 /// children, plus a descent below each name that is a directory on either side.
 fn steps<'a>(
@@ -263,34 +273,9 @@ pub fn diff<E>(
     same: &mut SameBytes<'_>,
     mut visit: impl FnMut(&Change<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
-    struct Level<'a> {
-        steps: Vec<Step<'a>>,
-        next: usize,
-        base: usize,
-    }
-    let mut path = Vec::new();
-    let mut stack = vec![Level {
-        steps: steps(old, Some(ROOT), new, Some(ROOT)),
-        next: 0,
-        base: 0,
-    }];
-    while let Some(level) = stack.last_mut() {
-        let Some(step) = level.steps.get(level.next).copied() else {
-            stack.pop();
-            continue;
-        };
-        level.next += 1;
-        path.truncate(level.base);
-        path.extend_from_slice(step.name);
-        if step.descend {
-            path.push(b'/');
-            stack.push(Level {
-                steps: steps(old, step.old, new, step.new),
-                next: 0,
-                base: path.len(),
-            });
-            continue;
-        }
+    let top = steps(old, Some(ROOT), new, Some(ROOT));
+    let below = |step: Step<'_>| steps(old, step.old, new, step.new);
+    depth_first(top, below, |path, step| {
         let o = step.old.and_then(|i| Some((i, old.node(i)?)));
         let n = step.new.and_then(|i| Some((i, new.node(i)?)));
         let (kind, fields) = match (o, n) {
@@ -307,21 +292,20 @@ pub fn diff<E>(
                     fields.content = true;
                 }
                 if !fields.any() {
-                    continue;
+                    return Ok(());
                 }
                 (ChangeKind::Modified, fields)
             }
-            (None, None) => continue,
+            (None, None) => return Ok(()),
         };
         visit(&Change {
-            path: &path,
+            path,
             kind,
             fields,
             old: o,
             new: n,
-        })?;
-    }
-    Ok(())
+        })
+    })
 }
 
 /// Counts of changed entries and the bytes they account for.

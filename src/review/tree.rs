@@ -79,21 +79,30 @@ fn steps(index: &Index, dir: u32) -> Vec<Step<'_>> {
     steps
 }
 
-/// Calls `visit(path, node index, node)` for every entry of `index`, in path order;
-/// stops at the first error and returns it.
-pub fn walk<E>(
-    index: &Index,
-    mut visit: impl FnMut(&[u8], u32, &Node) -> Result<(), E>,
+/// One step of a walk in path order: a name, and whether the walk enters it (the
+/// paths below a directory) or visits it.
+pub(super) trait PathStep: Copy {
+    fn name(&self) -> &[u8];
+    fn descend(&self) -> bool;
+}
+
+/// Walks a tree depth first, in path order, without recursion (archives may nest
+/// directories thousands deep): `below(step)` gives the steps inside a step that
+/// descends, `visit(path, step)` sees the others, and the first error stops the walk.
+pub(super) fn depth_first<S: PathStep, E>(
+    top: Vec<S>,
+    mut below: impl FnMut(S) -> Vec<S>,
+    mut visit: impl FnMut(&[u8], S) -> Result<(), E>,
 ) -> Result<(), E> {
-    struct Level<'a> {
-        steps: Vec<Step<'a>>,
+    struct Level<S> {
+        steps: Vec<S>,
         next: usize,
-        /// Length of the path prefix of this directory, `dir/` (0 for the root).
+        /// Length of the path prefix of this directory, `dir/` (0 for the top).
         base: usize,
     }
     let mut path = Vec::new();
     let mut stack = vec![Level {
-        steps: steps(index, ROOT),
+        steps: top,
         next: 0,
         base: 0,
     }];
@@ -104,22 +113,49 @@ pub fn walk<E>(
         };
         level.next += 1;
         path.truncate(level.base);
-        path.extend_from_slice(step.name);
-        let Some(node) = index.node(step.node) else {
-            continue;
-        };
-        if step.descend {
+        path.extend_from_slice(step.name());
+        if step.descend() {
             path.push(b'/');
+            let steps = below(step);
             stack.push(Level {
-                steps: steps(index, step.node),
+                steps,
                 next: 0,
                 base: path.len(),
             });
         } else {
-            visit(&path, step.node, node)?;
+            visit(&path, step)?;
         }
     }
     Ok(())
+}
+
+impl PathStep for Step<'_> {
+    fn name(&self) -> &[u8] {
+        self.name
+    }
+
+    fn descend(&self) -> bool {
+        self.descend
+    }
+}
+
+/// Calls `visit(path, node index, node)` for every entry of `index`, in path order;
+/// stops at the first error and returns it.
+pub fn walk<E>(
+    index: &Index,
+    mut visit: impl FnMut(&[u8], u32, &Node) -> Result<(), E>,
+) -> Result<(), E> {
+    depth_first(
+        steps(index, ROOT),
+        |step| match index.node(step.node) {
+            Some(_) => steps(index, step.node),
+            None => Vec::new(),
+        },
+        |path, step| match index.node(step.node) {
+            Some(node) => visit(path, step.node, node),
+            None => Ok(()),
+        },
+    )
 }
 
 /// How many entries and regular files a checkpoint has (a hard-linked file counts
