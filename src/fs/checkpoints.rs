@@ -22,7 +22,8 @@ use super::listing::{Catalog, Slot};
 use super::loader::Loader;
 use super::readahead::ReadAhead;
 use super::subtree::{
-    Attr, CopySource, DirEntry, Entry, FileKind, KernelCache, NO_HANDLE, Opened, Subtree,
+    Attr, CopySource, DirEntry, Entry, FileKind, KernelCache, NO_HANDLE, Opened, Subtree, add_from,
+    dot_entries,
 };
 use crate::archive::index::{FileLocation, Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
@@ -313,24 +314,20 @@ impl Subtree for Checkpoints {
             return Err(FsError::NotADirectory);
         };
         let parent = if node == 0 { inode::ROOT } else { ino };
-        let dots = [(ino, &b"."[..]), (parent, &b".."[..])];
-        for i in offset as usize..children.len() + 2 {
-            let entry = if i < 2 {
-                DirEntry {
-                    ino: dots[i].0,
-                    kind: FileKind::Directory,
-                    name: dots[i].1.to_vec(),
-                }
-            } else {
-                let (name, child) = &children[i - 2];
-                let child_node = checkpoint.index.node(*child).ok_or(FsError::NotFound)?;
-                DirEntry {
-                    ino: Inode::Node { slot, node: *child }.encode(),
-                    kind: self.node_attr(slot, *child, child_node).kind,
-                    name: name.clone(),
-                }
+        let dots = dot_entries(ino, parent);
+        if add_from(&dots, offset, add) {
+            return Ok(());
+        }
+        // The children (entries 2 and on) are made only as far as the reply takes them.
+        let skipped = usize::try_from(offset.saturating_sub(2)).unwrap_or(usize::MAX);
+        for (i, (name, child)) in children.iter().enumerate().skip(skipped) {
+            let child_node = checkpoint.index.node(*child).ok_or(FsError::NotFound)?;
+            let entry = DirEntry {
+                ino: Inode::Node { slot, node: *child }.encode(),
+                kind: self.node_attr(slot, *child, child_node).kind,
+                name: name.clone(),
             };
-            if add(&entry, i as u64 + 1) {
+            if add(&entry, i as u64 + 3) {
                 break;
             }
         }

@@ -140,3 +140,30 @@ pub trait Subtree: Send + Sync {
     /// Why `ino`, or an entry in it, cannot be changed.
     fn refusal(&self, ino: u64) -> FsError;
 }
+
+/// A directory's `.` and `..`.
+pub fn dot_entries(ino: u64, parent: u64) -> [DirEntry; 2] {
+    let dir = |ino, name: &[u8]| DirEntry {
+        ino,
+        kind: FileKind::Directory,
+        name: name.to_vec(),
+    };
+    [dir(ino, b"."), dir(parent, b"..")]
+}
+
+/// Hands `entries` from `offset` on to `add` (see [`Subtree::readdir`]), each with the
+/// offset of the entry after it, until `add` says the reply is full; says whether it
+/// was.
+pub fn add_from(
+    entries: &[DirEntry],
+    offset: u64,
+    add: &mut dyn FnMut(&DirEntry, u64) -> bool,
+) -> bool {
+    let from = usize::try_from(offset).unwrap_or(usize::MAX);
+    for (i, entry) in entries.iter().enumerate().skip(from) {
+        if add(entry, i as u64 + 1) {
+            return true;
+        }
+    }
+    false
+}

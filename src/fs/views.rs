@@ -23,7 +23,9 @@ use super::loader::Loader;
 use super::metrics::Latencies;
 use super::sealer::Sealer;
 use super::staging::StagingTree;
-use super::subtree::{Attr, DirEntry, Entry, FileKind, NO_HANDLE, Opened, Subtree};
+use super::subtree::{
+    Attr, DirEntry, Entry, FileKind, NO_HANDLE, Opened, Subtree, add_from, dot_entries,
+};
 use crate::cache::Cache;
 
 /// Names in the root and `by-time/` follow the listing: cached for a second, so that
@@ -277,18 +279,7 @@ impl Subtree for Views {
             Inode::Root => &listing.root,
             Inode::ByTime => &listing.by_time,
             Inode::Commit => {
-                let mut entries = vec![
-                    DirEntry {
-                        ino,
-                        kind: FileKind::Directory,
-                        name: b".".to_vec(),
-                    },
-                    DirEntry {
-                        ino: inode::ROOT,
-                        kind: FileKind::Directory,
-                        name: b"..".to_vec(),
-                    },
-                ];
+                let mut entries = dot_entries(ino, inode::ROOT).to_vec();
                 for (index, name) in self.sealer.names().into_iter().enumerate() {
                     entries.push(DirEntry {
                         ino: Inode::CommitLink { index }.encode(),
@@ -301,11 +292,7 @@ impl Subtree for Views {
             }
             _ => return Err(FsError::NotADirectory),
         };
-        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-            if add(entry, i as u64 + 1) {
-                break;
-            }
-        }
+        add_from(entries, offset, add);
         Ok(())
     }
 

@@ -54,7 +54,7 @@ use inodes::{Known, Loc, Pin, Place, generation, parked_name};
 
 use super::error::FsError;
 use super::inode;
-use super::subtree::{Attr, CopySource, DirEntry, Entry, FileKind, Opened, Subtree};
+use super::subtree::{Attr, CopySource, DirEntry, Entry, FileKind, Opened, Subtree, add_from};
 use crate::checkpoint::CheckpointId;
 
 /// Staged entries change only through this mount, and the kernel drops what each
@@ -412,14 +412,7 @@ impl StagingTree {
                 }
             }
         };
-        let mut full = false;
-        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-            if add(entry, i as u64 + 1) {
-                full = true;
-                break;
-            }
-        }
-        if !full {
+        if !add_from(&entries, offset, add) {
             self.listings.lock().expect("listings lock").remove(&ino);
         }
         Ok(())

@@ -164,3 +164,51 @@ fn status_is_read_from_a_snapshot_taken_at_open() {
         libc::EBADF
     );
 }
+
+/// Each subtree's listing read one entry per reply, each reply starting at the offset
+/// the one before gave (as the kernel reads a large directory), is its whole listing.
+#[test]
+fn listings_resume_at_the_offsets_they_give() {
+    let files: Vec<(String, Vec<u8>)> = (0..5).map(|i| (format!("f{i}"), vec![b'x'; i])).collect();
+    let tree: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_slice()))
+        .collect();
+    let (f, ids) = fixture(&[&tree, &[("other", b"2")]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let ws =
+        f.fs.mkdir(inode::STAGING, b"ws", 0o755, Caller { uid: 0, gid: 0 })
+            .unwrap()
+            .attr
+            .ino;
+    for (name, _) in &files {
+        std::fs::write(f.staging_dir.join("ws").join(name), b"").unwrap();
+    }
+    for ino in [inode::ROOT, dir, ws, inode::COMMIT] {
+        let (mut offset, mut pieces) = (0, Vec::new());
+        // Bounded: an offset that does not move on would list the same entry forever.
+        for _ in 0..100 {
+            let mut got = None;
+            f.fs.readdir(ino, offset, &mut |entry, next| {
+                if got.is_some() {
+                    return true; // the reply is full after one entry
+                }
+                got = Some((String::from_utf8_lossy(&entry.name).into_owned(), next));
+                false
+            })
+            .unwrap();
+            let Some((name, next)) = got else { break };
+            pieces.push(name);
+            offset = next;
+        }
+        let mut whole = names(&f.fs, ino);
+        assert!(whole.len() >= 2, "{whole:?}");
+        if ino == ws {
+            // Staging lists in the backing directory's order, which is not sorted.
+            pieces.sort();
+            whole.sort();
+        }
+        assert_eq!(pieces, whole, "directory {ino:#x}");
+    }
+}
