@@ -393,26 +393,46 @@ impl Descent {
     }
 }
 
-/// The names in directory `dir` (without `.` and `..`), each with whether it is a
-/// directory (never true for a symlink).
-pub fn list(dir: impl AsFd) -> io::Result<Vec<(Vec<u8>, bool)>> {
+/// Calls `each(name, inode, kind)` for the entries of directory `dir`, without `.`
+/// and `..`; a kind the directory does not give is found by `lstat` (`Unknown` if the
+/// entry went meanwhile), so a symlink is never taken for what it points to. Stops
+/// at the first error; the listing's own are given to `io_err`.
+pub fn for_each_entry<E>(
+    dir: impl AsFd,
+    io_err: impl Fn(io::Error) -> E,
+    mut each: impl FnMut(&[u8], u64, FileType) -> Result<(), E>,
+) -> Result<(), E> {
     let dir = dir.as_fd();
-    let mut names = Vec::new();
-    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
+    let mut listing = rfs::Dir::read_from(dir).map_err(|e| io_err(os(e)))?;
     while let Some(entry) = listing.read() {
-        let entry = entry.map_err(os)?;
+        let entry = entry.map_err(|e| io_err(os(e)))?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
         }
-        let is_dir = match entry.file_type() {
-            FileType::Unknown => {
-                kind_at(dir, OsStr::from_bytes(name))? == Some(FileType::Directory)
-            }
-            kind => kind == FileType::Directory,
+        let kind = match entry.file_type() {
+            FileType::Unknown => kind_at(dir, OsStr::from_bytes(name))
+                .map_err(&io_err)?
+                .unwrap_or(FileType::Unknown),
+            kind => kind,
         };
-        names.push((name.to_vec(), is_dir));
+        each(name, entry.ino(), kind)?;
     }
+    Ok(())
+}
+
+/// The names in directory `dir` (without `.` and `..`), each with whether it is a
+/// directory (never true for a symlink).
+pub fn list(dir: impl AsFd) -> io::Result<Vec<(Vec<u8>, bool)>> {
+    let mut names = Vec::new();
+    for_each_entry(
+        dir,
+        |e| e,
+        |name, _, kind| {
+            names.push((name.to_vec(), kind == FileType::Directory));
+            Ok(())
+        },
+    )?;
     Ok(names)
 }
 

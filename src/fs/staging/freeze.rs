@@ -186,23 +186,12 @@ fn walk(dir: &OwnedFd, visit: &mut Visit<'_>) -> Result<(), FsError> {
 /// Calls `visit` with each entry of `dir`; returns the names of its subdirectories.
 fn list_entries(dir: BorrowedFd<'_>, visit: &mut Visit<'_>) -> Result<Vec<Vec<u8>>, FsError> {
     let mut subdirs = Vec::new();
-    let mut listing = rfs::Dir::read_from(dir).map_err(os)?;
-    while let Some(entry) = listing.read() {
-        let entry = entry.map_err(os)?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        let kind = match entry.file_type() {
-            rfs::FileType::Unknown => beneath::kind_at(dir, OsStr::from_bytes(name))
-                .map_err(FsError::Os)?
-                .unwrap_or(rfs::FileType::Unknown),
-            kind => kind,
-        };
-        visit(dir, name, entry.ino(), kind)?;
+    beneath::for_each_entry(dir, FsError::Os, |name, ino, kind| {
+        visit(dir, name, ino, kind)?;
         if kind == rfs::FileType::Directory {
             subdirs.push(name.to_vec());
         }
-    }
+        Ok(())
+    })?;
     Ok(subdirs)
 }
