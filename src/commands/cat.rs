@@ -6,12 +6,12 @@ use std::os::unix::ffi::OsStrExt;
 
 use anyhow::{Context, Result};
 
-use super::review_session::Session;
+use super::review_session::ReviewSession;
 use crate::cli::{CatArgs, Cli};
 use crate::review::tree::open_file;
 
 pub(super) fn run(cli: &Cli, args: &CatArgs) -> Result<i32> {
-    let session = Session::open(
+    let session = ReviewSession::open(
         cli,
         &args.store,
         &args.review,

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::review_session::Session;
+use super::review_session::ReviewSession;
 use crate::archive::index::{Node, NodeKind};
 use crate::cache::VerifiedCheckpoint;
 use crate::cli::{Cli, DiffArgs};
@@ -17,7 +17,7 @@ use crate::review::diff::{
 use crate::review::tree::{FileReader, same_bytes};
 
 pub(super) fn run(cli: &Cli, args: &DiffArgs) -> Result<i32> {
-    let session = Session::open(
+    let session = ReviewSession::open(
         cli,
         &args.store,
         &args.review,

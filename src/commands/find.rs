@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 
-use super::review_session::Session;
+use super::review_session::ReviewSession;
 use crate::cli::{Cli, FindArgs};
 use crate::review::tree::{PathFilter, walk};
 
@@ -17,7 +17,7 @@ pub(super) fn run(cli: &Cli, args: &FindArgs) -> Result<i32> {
         .map(PathFilter::new)
         .transpose()
         .context("bad PATTERN")?;
-    let session = Session::open(
+    let session = ReviewSession::open(
         cli,
         &args.store,
         &args.review,

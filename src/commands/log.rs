@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::review_session::{Session, lineage, unreadable};
+use super::review_session::{ReviewSession, lineage, unreadable};
 use crate::cache::VerifiedCheckpoint;
 use crate::checkpoint::{CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, LogArgs};
@@ -31,7 +31,7 @@ struct Turn<'a> {
 }
 
 pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
-    let session = Session::open(
+    let session = ReviewSession::open(
         cli,
         &args.store,
         &args.review,
@@ -112,7 +112,7 @@ pub(super) fn run(cli: &Cli, args: &LogArgs) -> Result<i32> {
 /// What `checkpoint` is compared with, and its changes: the parent it claims if that
 /// can be read, else the turn before it (the last one read), else nothing.
 fn compared<'a>(
-    session: &Session,
+    session: &ReviewSession,
     checkpoint: &VerifiedCheckpoint,
     parent: Option<&'a CheckpointInfo>,
     previous: Option<&(&'a CheckpointInfo, Arc<VerifiedCheckpoint>)>,

@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::review_session::{Session, lineage, unreadable};
+use super::review_session::{ReviewSession, lineage, unreadable};
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointInfo, Exact};
 use crate::cli::{Cli, ReportArgs};
 use crate::commands::say;
@@ -62,7 +62,7 @@ struct Row<'a> {
 }
 
 pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
-    let session = Session::open(cli, &args.store, &args.review, Exact::All)?;
+    let session = ReviewSession::open(cli, &args.store, &args.review, Exact::All)?;
     let parents = session.claimed_parents()?;
     let listed = session.by_id();
     let shown = chosen(&session, args, &parents, &listed)?;
@@ -163,7 +163,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
 
 /// The turns to show, in capture order.
 fn chosen<'a>(
-    session: &'a Session,
+    session: &'a ReviewSession,
     args: &ReportArgs,
     parents: &HashMap<&CheckpointId, Option<CheckpointId>>,
     listed: &HashMap<&CheckpointId, &'a CheckpointInfo>,
@@ -198,7 +198,7 @@ fn chosen<'a>(
 
 /// Whether a checkpoint outside the turns walked so far can be read (verified and
 /// indexed), to compare with it.
-fn loads(session: &Session, info: &CheckpointInfo) -> Result<bool> {
+fn loads(session: &ReviewSession, info: &CheckpointInfo) -> Result<bool> {
     match session.load(info) {
         Ok(_) => Ok(true),
         Err(e) => unreadable(&e).map(|_| false),
@@ -209,7 +209,7 @@ fn loads(session: &Session, info: &CheckpointInfo) -> Result<bool> {
 /// be read (the checkpoint's fault: it is shown as FAILED). Failures to reach the
 /// store or the cache end the command.
 fn compute(
-    session: &Session,
+    session: &ReviewSession,
     info: &CheckpointInfo,
     base: Option<&CheckpointInfo>,
     budget: &mut PatchBudget,

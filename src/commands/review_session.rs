@@ -21,10 +21,10 @@ use crate::cache::{Cache, CacheDir, CacheError, VerifiedCheckpoint};
 use crate::checkpoint::{self, CheckpointError, CheckpointId, CheckpointInfo};
 use crate::cli::{Cli, ReviewArgs};
 use crate::history;
-use crate::review::{self, Loader, NameError};
+use crate::review::{self, CachedCheckpoints, NameError};
 use crate::store::{DEFAULT_PART_SIZE, ObjectStore};
 
-pub(super) struct Session {
+pub(super) struct ReviewSession {
     store: Arc<dyn ObjectStore>,
     /// The store's checkpoints, oldest first.
     pub listing: Vec<CheckpointInfo>,
@@ -35,19 +35,19 @@ pub(super) struct Session {
     _temp: Option<TempDir>,
 }
 
-impl Session {
+impl ReviewSession {
     /// Lists the store, its order exact as far as `exact` asks, then opens the cache.
     pub fn open(
         cli: &Cli,
         store_url: &str,
         args: &ReviewArgs,
         exact: checkpoint::Exact,
-    ) -> Result<Session> {
+    ) -> Result<ReviewSession> {
         let store = open_store(cli, store_url, DEFAULT_PART_SIZE)?;
         let (listing, _) = checkpoint::list_ordered(store.as_ref(), &mut Default::default(), exact)
             .with_context(|| format!("cannot list {store_url}"))?;
         let (cache, temp) = open_cache(args)?;
-        Ok(Session {
+        Ok(ReviewSession {
             store,
             listing,
             cache,
@@ -85,7 +85,7 @@ impl Session {
             info.id.short(),
             info.size
         ));
-        let failure = match self.loader().load(info) {
+        let failure = match self.checkpoints().load(info) {
             Err(CacheError::Verify(failure)) if history::worth_looking(&failure) => failure,
             other => return other.with_context(|| format!("checkpoint {}", info.id)),
         };
@@ -109,7 +109,7 @@ impl Session {
             name: info.id.object_name(),
             version_id,
         };
-        Loader::new(&at_version, &self.cache, self.max_archive_size, self.limits)
+        CachedCheckpoints::new(&at_version, &self.cache, self.max_archive_size, self.limits)
             .load(info)
             .with_context(|| format!("checkpoint {}", info.id))
     }
@@ -141,11 +141,11 @@ impl Session {
     /// Lets the cache shrink to its bound (a temporary one: to nothing), keeping the
     /// checkpoints in `keep`.
     pub fn trim(&self, keep: &[&CheckpointId]) {
-        self.loader().trim(keep);
+        self.checkpoints().trim(keep);
     }
 
-    fn loader(&self) -> Loader<'_> {
-        Loader::new(
+    fn checkpoints(&self) -> CachedCheckpoints<'_> {
+        CachedCheckpoints::new(
             self.store.as_ref(),
             &self.cache,
             self.max_archive_size,

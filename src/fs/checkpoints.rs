@@ -142,14 +142,14 @@ impl Checkpoints {
                 let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
                 checkpoint
                     .read_packed(start, offset, len)
-                    .map_err(FsError::Io)
+                    .map_err(FsError::CacheRead)
             }
             FileLocation::Own => {
                 let cached = self.unopened.lock().expect("files lock").get(&ino).cloned();
                 let file = match cached {
                     Some(file) => file,
                     None => {
-                        let file = Arc::new(checkpoint.open_own(node).map_err(FsError::Io)?);
+                        let file = Arc::new(checkpoint.open_own(node).map_err(FsError::CacheRead)?);
                         self.unopened
                             .lock()
                             .expect("files lock")
@@ -157,7 +157,7 @@ impl Checkpoints {
                         file
                     }
                 };
-                crate::cache::read_at(&file, offset, size as usize).map_err(FsError::Io)
+                crate::cache::read_at(&file, offset, size as usize).map_err(FsError::CacheRead)
             }
         }
     }
@@ -172,9 +172,13 @@ impl Checkpoints {
             return Err(FsError::IsADirectory);
         };
         let (file, start, size) = match location {
-            FileLocation::Own => (checkpoint.open_own(node).map_err(FsError::Io)?, 0, u64::MAX),
+            FileLocation::Own => (
+                checkpoint.open_own(node).map_err(FsError::CacheRead)?,
+                0,
+                u64::MAX,
+            ),
             FileLocation::Packed { offset } => (
-                checkpoint.pack().try_clone().map_err(FsError::Io)?,
+                checkpoint.pack().try_clone().map_err(FsError::CacheRead)?,
                 offset,
                 size,
             ),
@@ -356,7 +360,7 @@ impl Subtree for Checkpoints {
                 });
                 let (file, backing) = opened.map_err(|e| {
                     self.held.fetch_sub(1, Ordering::Relaxed);
-                    FsError::Io(e)
+                    FsError::CacheRead(e)
                 })?;
                 (Handle::Own { file, checkpoint }, Some(backing))
             }
@@ -395,7 +399,7 @@ impl Subtree for Checkpoints {
         }
         match &*self.handle(fh)? {
             Handle::Own { file, .. } => {
-                crate::cache::read_at(file, offset, size as usize).map_err(FsError::Io)
+                crate::cache::read_at(file, offset, size as usize).map_err(FsError::CacheRead)
             }
             Handle::Unheld { checkpoint, node } => {
                 self.read_unopened(*node, checkpoint, ino, offset, size)
@@ -408,7 +412,7 @@ impl Subtree for Checkpoints {
                 let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
                 checkpoint
                     .read_packed(*start, offset, len)
-                    .map_err(FsError::Io)
+                    .map_err(FsError::CacheRead)
             }
         }
     }
@@ -428,7 +432,7 @@ impl Subtree for Checkpoints {
             } => (checkpoint.pack(), *start, *size, checkpoint),
         };
         Ok(CopySource {
-            file: file.try_clone().map_err(FsError::Io)?,
+            file: file.try_clone().map_err(FsError::CacheRead)?,
             start,
             size,
             from: Some(Arc::clone(from)),

@@ -94,7 +94,7 @@ pub enum FsError {
     Unverified { id: String, reason: String },
     /// Reading a verified checkpoint from the cache failed: never the caller's fault.
     #[error("reading the cache: {0}")]
-    Io(std::io::Error),
+    CacheRead(std::io::Error),
     /// A staging operation failed on the backing directory; its errno is passed on.
     #[error("{0}")]
     Os(std::io::Error),
@@ -133,7 +133,7 @@ impl FsError {
             FsError::IsADirectory => libc::EISDIR,
             FsError::NotASymlink => libc::EINVAL,
             FsError::BadHandle => libc::EBADF,
-            FsError::Unverified { .. } | FsError::Io(_) | FsError::Store(_) => libc::EIO,
+            FsError::Unverified { .. } | FsError::CacheRead(_) | FsError::Store(_) => libc::EIO,
             FsError::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::Stale => libc::ESTALE,
             FsError::Busy => libc::EBUSY,

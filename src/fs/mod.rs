@@ -20,23 +20,23 @@
 //!   answers EIO with its reason in `.status`, and a later access tries again;
 //! - readers never wait for a refresh, a load, an eviction or a `.status` render.
 
-pub mod checkpoints;
-pub mod error;
-pub mod fuse;
-pub mod inode;
-pub mod listing;
+mod checkpoints;
+mod error;
+mod fuse;
+mod inode;
+mod listing;
 pub mod loader;
-pub mod metrics;
+mod metrics;
 pub mod mount;
 mod passthrough;
 mod primer;
 mod readahead;
 mod router;
-pub mod sealer;
+mod sealer;
 pub mod staging;
 pub mod status;
-pub mod subtree;
-pub mod views;
+mod subtree;
+mod views;
 
 pub use error::FsError;
 pub use router::{CheckpointFs, FsConfig, Reading};

@@ -518,28 +518,8 @@ impl CheckpointFs {
             );
         }
         if new_parent == inode::COMMIT {
-            if parent != inode::STAGING {
-                return done(Err(FsError::CommitOnly(
-                    "only top-level entries of staging/ can be moved into commit/",
-                )));
-            }
-            if flags & libc::RENAME_EXCHANGE != 0 {
-                return done(Err(FsError::InvalidArgument));
-            }
-            if let Err(e) = self.staging.check_sealable(name) {
-                return done(Err(e));
-            }
-            let (kernel, committed) = (Arc::clone(&self.kernel), new_name.to_vec());
-            let done: SealDone = Box::new(move |result| {
-                let sealed = result.is_ok();
-                done(result);
-                if let (true, Some(kernel)) = (sealed, kernel.get()) {
-                    // The kernel moved the staged directory's entry to commit/NAME; it
-                    // is a symlink now. (Uncached entries make this a courtesy.)
-                    kernel.forget_entry(inode::COMMIT, &committed);
-                }
-            });
-            return self.sealer.seal(name.to_vec(), new_name.to_vec(), done);
+            let kernel = Arc::clone(&self.kernel);
+            return self.sealer.commit(from, new_name, flags, kernel, done);
         }
         // Across subtrees: the side that is not staging/ says why not (a checkpoint
         // or the virtual tree is read-only).

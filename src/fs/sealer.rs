@@ -23,13 +23,15 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use super::error::FsError;
+use super::inode;
 use super::listing::Catalog;
 use super::loader::Loader;
 use super::staging::StagingTree;
+use super::subtree::KernelCache;
 use crate::archive::index;
 use crate::archive::{ArchiveError, Limits};
 use crate::cache::{Cache, Provenance};
@@ -209,6 +211,42 @@ impl Sealer {
             succeeded: seals.succeeded,
             failed: seals.failed,
         }
+    }
+
+    /// `rename(staging/NAME, commit/COMMIT_NAME)`, the commit rule: only a top-level
+    /// workspace of `staging/` may be moved into `commit/`, and not by an exchange. It
+    /// is sealed ([`Sealer::seal`]); once it is, the kernel's entry for
+    /// `commit/COMMIT_NAME` (the directory it moved there) is dropped, since that is
+    /// a symlink now.
+    pub fn commit(
+        self: &Arc<Self>,
+        (parent, name): (u64, &[u8]),
+        commit_name: &[u8],
+        flags: u32,
+        kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
+        done: SealDone,
+    ) {
+        if parent != inode::STAGING {
+            return done(Err(FsError::CommitOnly(
+                "only top-level entries of staging/ can be moved into commit/",
+            )));
+        }
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            return done(Err(FsError::InvalidArgument));
+        }
+        if let Err(e) = self.staging.check_sealable(name) {
+            return done(Err(e));
+        }
+        let committed = commit_name.to_vec();
+        let done: SealDone = Box::new(move |result| {
+            let sealed = result.is_ok();
+            done(result);
+            if let (true, Some(kernel)) = (sealed, kernel.get()) {
+                // (Uncached entries make this a courtesy.)
+                kernel.forget_entry(inode::COMMIT, &committed);
+            }
+        });
+        self.seal(name.to_vec(), commit_name.to_vec(), done);
     }
 
     /// Seals `staging/name` as the checkpoint `commit/commit_name` links to; `done`

@@ -3,9 +3,9 @@
 //!
 //! - [`resolve`]: checkpoint names as the review commands take them: a digest, an
 //!   unambiguous prefix of one, `latest`, or `latest~N` (the N-th before the newest).
-//! - [`Loader`]: checkpoints through the [`Cache`], so that nothing is looked at before
-//!   its object was downloaded, hashed and indexed in one pass (or found intact in the
-//!   cache and checked again byte by byte).
+//! - [`CachedCheckpoints`]: checkpoints through the [`Cache`], so that nothing is
+//!   looked at before its object was downloaded, hashed and indexed in one pass (or
+//!   found intact in the cache and checked again byte by byte).
 //! - [`tree`]: an [`Index`](crate::archive::index::Index) as paths: every entry in
 //!   path order, one path looked up, a file's contents read back and checked, the glob
 //!   filter of `find`.
@@ -115,21 +115,21 @@ pub fn resolve<'a>(
 
 /// Loads listed checkpoints through a cache, and lets the cache shrink to its bound
 /// as the caller moves on.
-pub struct Loader<'a> {
+pub struct CachedCheckpoints<'a> {
     store: &'a dyn ObjectStore,
     cache: &'a Cache,
     max_archive_size: u64,
     limits: Limits,
 }
 
-impl<'a> Loader<'a> {
+impl<'a> CachedCheckpoints<'a> {
     pub fn new(
         store: &'a dyn ObjectStore,
         cache: &'a Cache,
         max_archive_size: u64,
         limits: Limits,
     ) -> Self {
-        Loader {
+        CachedCheckpoints {
             store,
             cache,
             max_archive_size,
