@@ -12,12 +12,12 @@ use super::error::FsError;
 use super::inode::{self, Inode, Owner};
 use super::listing::Catalog;
 use super::loader::{Loader, LoaderConfig};
-use super::metrics;
 use super::primer::Primer;
 use super::sealer::{SealDone, Sealer, SealerConfig};
 use super::staging::{Caller, SetAttr, StagingTree};
 use super::subtree::{DirEntry, Entry, KernelCache, Opened, Subtree};
 use super::views::Views;
+use super::{metrics, status};
 use crate::archive::Limits;
 use crate::cache::Cache;
 use crate::checkpoint::Exact;
@@ -154,17 +154,20 @@ impl CheckpointFs {
             }));
         }
         let latencies = Arc::new(metrics::Latencies::default());
+        let status = status::Sources {
+            store_name: store.describe(),
+            cache,
+            loader: Arc::clone(&loader),
+            latencies: Arc::clone(&latencies),
+        };
         let views = Views::new(
             Arc::clone(&catalog),
             Arc::clone(&checkpoints),
             Arc::clone(&staging),
             Arc::clone(&sealer),
-            Arc::clone(&loader),
-            cache,
-            store.describe(),
+            status,
             (config.uid, config.gid),
             mounted_at,
-            Arc::clone(&latencies),
         );
         Arc::new(CheckpointFs {
             store,

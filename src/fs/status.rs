@@ -8,9 +8,37 @@
 //! cache entry made then, its contents checked against its index since), or
 //! `FAILED: <reason>`.
 
+use std::sync::Arc;
+
 use super::listing::Listing;
+use super::loader::Loader;
+use super::metrics::Latencies;
 use super::sealer::SealsReport;
-use crate::cache::CacheStats;
+use crate::cache::{Cache, CacheStats};
+
+/// What `.status` reports on besides the listing and the seals: the store's name, the
+/// cache, the loader's queue and the request latencies.
+pub struct Sources {
+    pub store_name: String,
+    pub cache: Arc<Cache>,
+    pub loader: Arc<Loader>,
+    pub latencies: Arc<Latencies>,
+}
+
+impl Sources {
+    /// The text of `.status` now.
+    pub fn render(&self, listing: &Listing, seals: &SealsReport) -> Vec<u8> {
+        render(
+            &self.store_name,
+            listing,
+            self.cache.stats(),
+            seals,
+            self.loader.queued(),
+            super::error::counts(),
+            &self.latencies.render(),
+        )
+    }
+}
 
 pub fn render(
     store: &str,

@@ -19,14 +19,12 @@ use super::checkpoints::{Checkpoints, IMMUTABLE_TTL};
 use super::error::FsError;
 use super::inode::{self, HANDLE_VIEW_BIT, Inode};
 use super::listing::{Catalog, Listing, Slot};
-use super::loader::Loader;
-use super::metrics::Latencies;
 use super::sealer::Sealer;
 use super::staging::StagingTree;
+use super::status::Sources;
 use super::subtree::{
     Attr, DirEntry, Entry, FileKind, NO_HANDLE, Opened, Subtree, add_from, dot_entries,
 };
-use crate::cache::Cache;
 
 /// Names in the root and `by-time/` follow the listing: cached for a second, so that
 /// a checkpoint deleted from the store vanishes with the next listing.
@@ -40,13 +38,10 @@ pub struct Views {
     checkpoints: Arc<Checkpoints>,
     staging: Arc<StagingTree>,
     sealer: Arc<Sealer>,
-    loader: Arc<Loader>,
-    cache: Arc<Cache>,
-    store_name: String,
+    status: Sources,
     /// The mounting user, who owns the virtual entries.
     owner: (u32, u32),
     mounted_at: SystemTime,
-    latencies: Arc<Latencies>,
     texts: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
     next_fh: AtomicU64,
     /// The render of `.status` that reads without a handle get (see the module
@@ -55,30 +50,23 @@ pub struct Views {
 }
 
 impl Views {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         catalog: Arc<Catalog>,
         checkpoints: Arc<Checkpoints>,
         staging: Arc<StagingTree>,
         sealer: Arc<Sealer>,
-        loader: Arc<Loader>,
-        cache: Arc<Cache>,
-        store_name: String,
+        status: Sources,
         owner: (u32, u32),
         mounted_at: SystemTime,
-        latencies: Arc<Latencies>,
     ) -> Self {
         Views {
             catalog,
             checkpoints,
             staging,
             sealer,
-            loader,
-            cache,
-            store_name,
+            status,
             owner,
             mounted_at,
-            latencies,
             texts: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             rendered: Mutex::new(Arc::new(Vec::new())),
@@ -115,15 +103,8 @@ impl Views {
 
     /// The text of `.status` now.
     pub fn status_text(&self) -> Vec<u8> {
-        super::status::render(
-            &self.store_name,
-            &self.catalog.snapshot(),
-            self.cache.stats(),
-            &self.sealer.report(),
-            self.loader.queued(),
-            super::error::counts(),
-            &self.latencies.render(),
-        )
+        self.status
+            .render(&self.catalog.snapshot(), &self.sealer.report())
     }
 
     /// Renders `.status` for the reads to come; returns its size, never the size of
