@@ -15,15 +15,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::error::FsError;
 use super::metrics::Op;
-use super::passthrough::{Backing, BackingTable, OpenAs, open_as};
+use super::passthrough::{self, Backing, BackingTable, Created};
 use super::router::{CheckpointFs, Reading};
 use super::staging::{Caller, SetAttr, SetTime};
 use super::subtree::{Attr, Entry, FileKind, KernelCache};
@@ -320,16 +320,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => return reply.error(errno("open", ino.0, &e)),
             };
             let fh = FileHandle(opened.fh);
-            match open_as(passthrough, &backing, ino.0, &opened, |f| {
-                reply.open_backing(f)
-            }) {
-                // The kernel refuses cache flags with passthrough (EIO): the page cache
-                // is the backing file's own anyway.
-                OpenAs::Passthrough(table) => {
-                    reply.opened_passthrough(fh, FopenFlags::empty(), table.id(ino.0))
-                }
-                OpenAs::Served(flags) => reply.opened(fh, flags),
-            }
+            passthrough::answer(passthrough, &backing, ino.0, &opened, (reply, fh));
         });
     }
 
@@ -352,23 +343,15 @@ impl Filesystem for FuseAdapter {
             Err(e) => return reply.error(errno("create", parent.0, &e)),
         };
         // One TTL for the name and the attributes here: the name's.
-        let (ttl, attr, fh, generation) = (
-            entry.name_ttl,
-            file_attr(&entry.attr),
-            FileHandle(opened.fh),
-            Generation(entry.attr.generation.into()),
-        );
+        let created = Created {
+            reply,
+            ttl: entry.name_ttl,
+            attr: file_attr(&entry.attr),
+            generation: Generation(entry.attr.generation.into()),
+            fh: FileHandle(opened.fh),
+        };
         let passthrough = self.passthrough.load(Ordering::Relaxed);
-        let ino = entry.attr.ino;
-        match open_as(passthrough, &self.backing, ino, &opened, |f| {
-            reply.open_backing(f)
-        }) {
-            OpenAs::Passthrough(table) => {
-                let empty = FopenFlags::empty();
-                reply.created_passthrough(&ttl, &attr, generation, fh, empty, table.id(ino))
-            }
-            OpenAs::Served(flags) => reply.created(&ttl, &attr, generation, fh, flags),
-        }
+        passthrough::answer(passthrough, &self.backing, entry.attr.ino, &opened, created);
     }
 
     fn read(

@@ -2,13 +2,15 @@
 //!
 //! The kernel takes one backing file per inode: a second open of an inode must reuse
 //! the first one's id (a different one makes the open fail with EIO), so ids are
-//! shared and counted per inode, and released with the last handle.
+//! shared and counted per inode, and released with the last handle. An `open` and a
+//! `create` are answered alike ([`answer`]).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use fuser::{BackingId, FopenFlags};
+use fuser::{BackingId, FileAttr, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 
 use super::subtree::Opened;
 
@@ -99,4 +101,83 @@ pub fn open_as<'a>(
     // Direct I/O may coexist with passthrough opens of the same inode; cached I/O
     // may not.
     OpenAs::Served(flags | FopenFlags::FOPEN_DIRECT_IO)
+}
+
+/// The replies that open a file (`open` and `create`), which are answered alike.
+pub trait OpenReply {
+    /// Gives the kernel `file` as a backing file.
+    fn register(&self, file: &File) -> std::io::Result<BackingId>;
+    /// Opened, the kernel reading and writing the backing file `id` itself.
+    fn passthrough(self, id: &BackingId);
+    /// Opened, the daemon serving reads and writes.
+    fn served(self, flags: FopenFlags);
+}
+
+/// Answers an open ([`open_as`]) through `reply`.
+pub fn answer(
+    passthrough: bool,
+    backing: &Backing,
+    ino: u64,
+    opened: &Opened,
+    reply: impl OpenReply,
+) {
+    match open_as(passthrough, backing, ino, opened, |f| reply.register(f)) {
+        // The kernel refuses cache flags with passthrough (EIO): the page cache is
+        // the backing file's own anyway.
+        OpenAs::Passthrough(table) => reply.passthrough(table.id(ino)),
+        OpenAs::Served(flags) => reply.served(flags),
+    }
+}
+
+impl OpenReply for (ReplyOpen, FileHandle) {
+    fn register(&self, file: &File) -> std::io::Result<BackingId> {
+        self.0.open_backing(file)
+    }
+
+    fn passthrough(self, id: &BackingId) {
+        self.0.opened_passthrough(self.1, FopenFlags::empty(), id)
+    }
+
+    fn served(self, flags: FopenFlags) {
+        self.0.opened(self.1, flags)
+    }
+}
+
+/// A `create` to answer: the new entry's attributes and how long they hold, and its
+/// handle.
+pub struct Created {
+    pub reply: ReplyCreate,
+    pub ttl: Duration,
+    pub attr: FileAttr,
+    pub generation: Generation,
+    pub fh: FileHandle,
+}
+
+impl OpenReply for Created {
+    fn register(&self, file: &File) -> std::io::Result<BackingId> {
+        self.reply.open_backing(file)
+    }
+
+    fn passthrough(self, id: &BackingId) {
+        let empty = FopenFlags::empty();
+        let Created {
+            reply,
+            ttl,
+            attr,
+            generation,
+            fh,
+        } = self;
+        reply.created_passthrough(&ttl, &attr, generation, fh, empty, id)
+    }
+
+    fn served(self, flags: FopenFlags) {
+        let Created {
+            reply,
+            ttl,
+            attr,
+            generation,
+            fh,
+        } = self;
+        reply.created(&ttl, &attr, generation, fh, flags)
+    }
 }
