@@ -113,15 +113,18 @@ fn parent_of(store: &dyn ObjectStore, given: Option<&str>) -> Result<Option<Chec
 /// everything is compressed, as before; with one it cannot use, too, with a warning.
 fn members(args: &PutArgs) -> Option<Arc<MemberCache>> {
     let size = args.member_cache_size;
+    if size == 0 {
+        // None kept: the cache directory is not even made.
+        return None;
+    }
     match args.cache_dir.clone().or_else(CacheDir::default_path) {
         None => None,
         Some(path) => match CacheDir::open(&path) {
             Ok(dir) => member_cache(&dir, size),
-            Err(e) if size > 0 => {
+            Err(e) => {
                 tracing::warn!(error = %e, "no member cache: compressing everything");
                 None
             }
-            Err(_) => None,
         },
     }
 }

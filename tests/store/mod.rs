@@ -1035,15 +1035,21 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
     let reused = logged_count(&second.stderr, "reused");
     assert!(compressed <= 2 && reused + 2 >= members, "{second}");
 
-    // The same bytes without any cache.
+    // The same bytes without any cache; none is even made.
     let other = TestStore::local();
+    let unused = work.path().join("unused-cache");
     let out = run(ckptfs()
         .arg("put")
         .arg(other.url())
         .arg(&src)
-        .args(["--member-cache-size", "0"]))
+        .args(["--member-cache-size", "0", "--cache-dir"])
+        .arg(&unused))
     .success();
     assert_eq!(parse_put_output(&out), (sha.clone(), size), "{out}");
+    assert!(
+        !unused.exists(),
+        "a put that keeps no members made {unused:?}"
+    );
 
     let restored = work.path().join("restored");
     run(ckptfs()
