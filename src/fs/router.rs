@@ -290,21 +290,25 @@ impl CheckpointFs {
     /// `readdir` with each entry looked up, as READDIRPLUS answers, so that `ls -l`
     /// needs no lookup per entry: `add(entry, found, next)` gets `None` for `.` and
     /// `..` (the kernel ignores their attributes). The kernel counts a lookup only for
-    /// an entry it received: one that did not fit (`add` says the reply is full) is
-    /// forgotten again here.
+    /// an entry it received: one that did not fit (`add` says the reply is full), or
+    /// every one when the reply is an error, is forgotten again here. An entry gone
+    /// since the listing was read is left out.
     pub fn readdirplus(
         &self,
         ino: u64,
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, Option<&Entry>, u64) -> bool,
     ) -> Result<(), FsError> {
-        let mut failure = None;
+        let (mut failure, mut sent) = (None, Vec::new());
         let result = self.readdir(ino, offset, &mut |entry, next| {
             if entry.name == b"." || entry.name == b".." {
                 return add(entry, None, next);
             }
             let found = match self.lookup(ino, &entry.name) {
                 Ok(found) => found,
+                // Gone since the listing was read: the listing goes on without it, as
+                // a local directory's would.
+                Err(e) if e.errno() == libc::ENOENT => return false,
                 Err(e) => {
                     failure = Some(e);
                     return true;
@@ -313,10 +317,19 @@ impl CheckpointFs {
             let full = add(entry, Some(&found), next);
             if full {
                 self.forget(found.attr.ino, 1);
+            } else {
+                sent.push(found.attr.ino);
             }
             full
         });
-        result.and_then(|()| failure.map_or(Ok(()), Err))
+        let result = result.and_then(|()| failure.map_or(Ok(()), Err));
+        if result.is_err() {
+            // An error is the whole reply: the kernel counts none of these lookups.
+            for ino in sent {
+                self.forget(ino, 1);
+            }
+        }
+        result
     }
 
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {

@@ -307,3 +307,29 @@ fn readdirplus_counts_a_lookup_only_for_the_entries_sent() {
     assert_eq!(f.fs.read(sent, NO_HANDLE, 0, 100).unwrap(), b"sent");
     assert!(f.fs.read(not_sent, NO_HANDLE, 0, 100).is_err());
 }
+
+/// A name removed between the listing and its lookup is left out of READDIRPLUS, as
+/// a local directory's listing goes on without it, instead of failing the listing.
+#[test]
+fn readdirplus_leaves_out_a_name_gone_since_the_listing() {
+    let (f, _) = fixture(&[]);
+    let (ws, dir) = workspace(&f.fs, b"ws");
+    let on_disk = f.staging_dir.join(&dir);
+    for name in ["a", "b"] {
+        std::fs::write(on_disk.join(name), name).unwrap();
+    }
+    // The listing is read at offset 0, before the first entry is added.
+    let mut listed = Vec::new();
+    f.fs.readdirplus(ws, 0, &mut |entry, found, _| {
+        if found.is_some() {
+            let name = String::from_utf8_lossy(&entry.name).into_owned();
+            // Whichever comes first removes the other.
+            let other = if name == "a" { "b" } else { "a" };
+            let _ = std::fs::remove_file(on_disk.join(other));
+            listed.push(name);
+        }
+        false
+    })
+    .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+}
