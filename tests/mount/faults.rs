@@ -78,7 +78,12 @@ fn s3_a_download_cut_part_way_leaves_nothing_unverified_and_recovers() {
     );
     // The store answers again: the next access serves the checkpoint, right.
     proxy.set(Fault::Pass);
-    eventually(Duration::from_secs(10), || list(&mount.join(&sha))).unwrap();
+    if let Err(e) = eventually(Duration::from_secs(30), || list(&mount.join(&sha))) {
+        panic!(
+            "{sha} still unreadable: {e}\ndaemon log:\n{}",
+            mount.log_text()
+        );
+    }
     assert_same_tree(&src, &mount.join(&sha));
     assert_eq!(cache_entries(&mount), vec![sha.clone()]);
     assert_eq!(mount.status().state(&sha), "verified");
@@ -274,6 +279,11 @@ fn s3_a_download_that_stalls_for_good_fails_with_a_reason_instead_of_hanging() {
     assert!(state.contains("stalled"), "{state}");
     proxy.set(Fault::Pass);
     assert_same_tree(&a, &mount.join(&sha_a));
-    eventually(Duration::from_secs(10), || list(&mount.join(&sha_b))).unwrap();
+    if let Err(e) = eventually(Duration::from_secs(30), || list(&mount.join(&sha_b))) {
+        panic!(
+            "{sha_b} still unreadable: {e}\ndaemon log:\n{}",
+            mount.log_text()
+        );
+    }
     assert_same_tree(&b, &mount.join(&sha_b));
 }
