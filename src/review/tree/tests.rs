@@ -3,16 +3,7 @@ use super::*;
 /// Builds an index from `(path, kind)` pairs: `"d"` a directory, `"l:TARGET"` a
 /// symlink, anything else a file with those contents (checksum = xxh3).
 pub fn index_of(entries: &[(&str, &str)]) -> Index {
-    let mut nodes = vec![Node {
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        mtime: 0,
-        nlink: 2,
-        kind: NodeKind::Dir {
-            children: Vec::new(),
-        },
-    }];
+    let mut nodes = crate::review::diff::empty_index().nodes;
     for (path, what) in entries {
         let parts: Vec<&str> = path.split('/').collect();
         let (name, parents) = parts.split_last().unwrap();
