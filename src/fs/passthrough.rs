@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fuser::{BackingId, FileAttr, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
@@ -68,41 +68,6 @@ impl BackingTable {
 
 pub type Backing = Arc<Mutex<BackingTable>>;
 
-/// How an open is answered: through the inode's passthrough backing file, or
-/// served in user space with these flags.
-pub enum OpenAs<'a> {
-    Passthrough(MutexGuard<'a, BackingTable>),
-    Served(FopenFlags),
-}
-
-/// The passthrough handshake, the same for `open` and `create`: the kernel takes a
-/// backing file for the inode when it can (one id per inode, see [`BackingTable`]).
-pub fn open_as<'a>(
-    passthrough: bool,
-    backing: &'a Backing,
-    ino: u64,
-    opened: &Opened,
-    register: impl FnOnce(&File) -> std::io::Result<BackingId>,
-) -> OpenAs<'a> {
-    let mut flags = FopenFlags::empty();
-    if opened.keep_cache {
-        flags |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
-    if opened.direct_io {
-        flags |= FopenFlags::FOPEN_DIRECT_IO;
-    }
-    let Some(file) = opened.backing.as_ref().filter(|_| passthrough) else {
-        return OpenAs::Served(flags);
-    };
-    let mut table = backing.lock().expect("backing lock");
-    if table.acquire(ino, opened.fh, || register(file)) {
-        return OpenAs::Passthrough(table);
-    }
-    // Direct I/O may coexist with passthrough opens of the same inode; cached I/O
-    // may not.
-    OpenAs::Served(flags | FopenFlags::FOPEN_DIRECT_IO)
-}
-
 /// The replies that open a file (`open` and `create`), which are answered alike.
 pub trait OpenReply {
     /// Gives the kernel `file` as a backing file.
@@ -113,7 +78,9 @@ pub trait OpenReply {
     fn served(self, flags: FopenFlags);
 }
 
-/// Answers an open ([`open_as`]) through `reply`.
+/// Answers an open through `reply`, the same for `open` and `create`: through the
+/// inode's passthrough backing file when the kernel takes one (one id per inode, see
+/// [`BackingTable`]), else served by the daemon with the open's cache flags.
 pub fn answer(
     passthrough: bool,
     backing: &Backing,
@@ -121,12 +88,26 @@ pub fn answer(
     opened: &Opened,
     reply: impl OpenReply,
 ) {
-    match open_as(passthrough, backing, ino, opened, |f| reply.register(f)) {
+    let mut flags = FopenFlags::empty();
+    if opened.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if opened.direct_io {
+        flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    let Some(file) = opened.backing.as_ref().filter(|_| passthrough) else {
+        return reply.served(flags);
+    };
+    let mut table = backing.lock().expect("backing lock");
+    if table.acquire(ino, opened.fh, || reply.register(file)) {
         // The kernel refuses cache flags with passthrough (EIO): the page cache is
         // the backing file's own anyway.
-        OpenAs::Passthrough(table) => reply.passthrough(table.id(ino)),
-        OpenAs::Served(flags) => reply.served(flags),
+        return reply.passthrough(table.id(ino));
     }
+    drop(table);
+    // Direct I/O may coexist with passthrough opens of the same inode; cached I/O
+    // may not.
+    reply.served(flags | FopenFlags::FOPEN_DIRECT_IO)
 }
 
 impl OpenReply for (ReplyOpen, FileHandle) {
