@@ -30,12 +30,13 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::gz::{MemberSource, ParallelGzWriter};
+use super::gz::{FileStamp, MemberSource, ParallelGzWriter, TreeRecords, UnreadFile, UnreadSource};
 use super::{ArchiveError, MAX_PATH, display_path};
 use crate::beneath;
 
@@ -51,6 +52,10 @@ pub struct WriterOptions {
     pub threads: usize,
     /// Members compressed by earlier captures; the output does not depend on it.
     pub members: Option<Arc<dyn MemberSource>>,
+    /// What the capture before of this tree recorded (with `members` only): files
+    /// whose stamp it saw are not read unless their member has to be made again.
+    /// Not used when the tar stream is copied (a seal indexes every byte).
+    pub tree: Option<Arc<dyn TreeRecords>>,
 }
 
 /// The digest and length of the compressed archive that was written.
@@ -69,7 +74,7 @@ pub fn write_archive<W: Write>(
     out: W,
     options: &WriterOptions,
 ) -> Result<WrittenArchive, ArchiveError> {
-    write_archive_with_copy(root, out, options, &mut io::sink())
+    write_tree(root, out, options, None)
 }
 
 /// Like [`write_archive`], and also writes the uncompressed tar stream to `tar_copy`
@@ -82,21 +87,40 @@ pub fn write_archive_with_copy<W: Write>(
     options: &WriterOptions,
     tar_copy: &mut dyn Write,
 ) -> Result<WrittenArchive, ArchiveError> {
+    write_tree(root, out, options, Some(tar_copy))
+}
+
+fn write_tree<W: Write>(
+    root: BorrowedFd<'_>,
+    out: W,
+    options: &WriterOptions,
+    tar_copy: Option<&mut dyn Write>,
+) -> Result<WrittenArchive, ArchiveError> {
+    let tree = match (&options.tree, &tar_copy) {
+        (Some(records), None) => {
+            let root = root.try_clone_to_owned().map_err(io_error("open", b"."))?;
+            let files: Arc<dyn UnreadSource> = Arc::new(TreeFiles { root });
+            Some((Arc::clone(records), files))
+        }
+        _ => None,
+    };
     let hashing = HashingWriter {
         inner: out,
         hasher: Sha256::new(),
         written: 0,
         limit: options.max_size,
     };
-    let gz = ParallelGzWriter::new(hashing, options.threads, options.members.clone());
+    let gz = ParallelGzWriter::new(hashing, options.threads, options.members.clone(), tree);
     let mut builder = tar::Builder::new(Tee {
         gz,
-        copy: Some(tar_copy),
+        copy: tar_copy,
         written: 0,
         limit: options.max_unpacked,
     });
     let mut walk = Walk {
         hard_links: HashMap::new(),
+        headers: tar::Builder::new(Vec::new()),
+        recent: SystemTime::now() - RACY,
     };
     let result = walk
         .append_tree(&mut builder, root)
@@ -156,7 +180,19 @@ fn limit_error(e: ArchiveError, options: &WriterOptions) -> ArchiveError {
 struct Walk {
     /// (device, inode) of multiply-linked files already written, to their archive path.
     hard_links: HashMap<(u64, u64), Vec<u8>>,
+    /// Makes a file's header records exactly as `tar::Builder::append_data` would,
+    /// for the file's contents to follow apart.
+    headers: tar::Builder<Vec<u8>>,
+    /// A file changed at or after this time may change again without its stamp
+    /// changing (see [`RACY`]).
+    recent: SystemTime,
 }
+
+/// A file whose change time or modification time is within this of the capture's
+/// start is read, and its contents fingerprinted by themselves rather than by its
+/// stamp: a later write in the same tick of the clock (or of a filesystem that keeps
+/// whole seconds, or two) could leave its stamp unchanged (git's "racy" files).
+const RACY: Duration = Duration::from_secs(3);
 
 type Builder<'a, W> = tar::Builder<Tee<'a, W>>;
 
@@ -166,6 +202,19 @@ struct Tee<'a, W: Write> {
     copy: Option<&'a mut dyn Write>,
     written: u64,
     limit: u64,
+}
+
+impl<W: Write> Tee<'_, W> {
+    /// A file's contents, not read (see [`ParallelGzWriter::write_unread`]).
+    fn write_unread(&mut self, file: UnreadFile) -> io::Result<()> {
+        let size = file.stamp.size;
+        if self.written + size > self.limit {
+            return Err(io::Error::other(LimitExceeded::Unpacked));
+        }
+        self.gz.write_unread(Arc::new(file))?;
+        self.written += size;
+        Ok(())
+    }
 }
 
 impl<W: Write> Write for Tee<'_, W> {
@@ -367,15 +416,124 @@ impl Walk {
         let size = stat.st_size as u64;
         let mut header = header_for(&stat, EntryType::Regular);
         header.set_size(size);
-        let contents = ExactReader {
-            inner: File::from(fd).take(size),
-            remaining: size,
-        };
-        entry_boundary(builder, path, size)?;
-        builder
-            .append_data(&mut header, archive_name, contents)
+        // The header records as `append_data` makes them; the contents follow apart,
+        // so that the compressor can be told whose they are, or not be given them.
+        self.headers
+            .append_data(&mut header, archive_name, io::empty())
             .map_err(io_error("archive", path))?;
-        Ok(())
+        let headers = std::mem::take(self.headers.get_mut());
+        entry_boundary(builder, path, size)?;
+        let tee = builder.get_mut();
+        tee.write_all(&headers).map_err(io_error("archive", path))?;
+        let stamp = stamp(&stat).filter(|_| size > 0 && self.settled(&stat));
+        let records = tee.gz.records();
+        match stamp {
+            Some(stamp) if tee.copy.is_none() && records.is_some_and(|r| r.seen(&stamp)) => {
+                drop(fd);
+                tee.write_unread(UnreadFile {
+                    stamp,
+                    path: path.to_vec(),
+                })
+            }
+            _ => {
+                if let Some(stamp) = stamp {
+                    tee.gz.begin_file(stamp);
+                }
+                let mut contents = ExactReader {
+                    inner: File::from(fd).take(size),
+                    remaining: size,
+                };
+                let copied = io::copy(&mut contents, tee);
+                tee.gz.end_file();
+                copied.map(drop)
+            }
+        }
+        .and_then(|()| {
+            let padding = (512 - size % 512) % 512;
+            tee.write_all(&[0; 512][..padding as usize])
+        })
+        .map_err(io_error("archive", path))
+    }
+
+    /// Whether a file's times are old enough for its stamp to stand for its contents.
+    fn settled(&self, stat: &rfs::Stat) -> bool {
+        let time = |secs: i64, nanos: i64| {
+            SystemTime::UNIX_EPOCH.checked_add(Duration::new(
+                secs.max(0) as u64,
+                nanos.clamp(0, 999_999_999) as u32,
+            ))
+        };
+        [
+            time(stat.st_mtime, stat.st_mtime_nsec as i64),
+            time(stat.st_ctime, stat.st_ctime_nsec as i64),
+        ]
+        .into_iter()
+        .all(|t| t.is_some_and(|t| t < self.recent))
+            && stat.st_mtime >= 0
+            && stat.st_ctime >= 0
+    }
+}
+
+fn stamp(stat: &rfs::Stat) -> Option<FileStamp> {
+    Some(FileStamp {
+        dev: stat.st_dev,
+        ino: stat.st_ino,
+        size: stat.st_size.try_into().ok()?,
+        mtime: (stat.st_mtime, stat.st_mtime_nsec as i64),
+        ctime: (stat.st_ctime, stat.st_ctime_nsec as i64),
+    })
+}
+
+/// The tree's files, opened again by path when contents left unread are needed after
+/// all: each directory beneath the root without following links, the file with
+/// `O_NOFOLLOW`, and used only if it is still the stamped inode.
+struct TreeFiles {
+    root: std::os::fd::OwnedFd,
+}
+
+impl UnreadSource for TreeFiles {
+    fn read_at(
+        &self,
+        file: &UnreadFile,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> io::Result<bool> {
+        let mut names: Vec<&[u8]> = file.path.split(|&b| b == b'/').collect();
+        let name = names.pop().unwrap_or_default();
+        let mut dir = self.root.try_clone()?;
+        let mut taken = 0;
+        while taken < names.len() {
+            let (next, n) = beneath::open_dirs_beneath(&dir, &names[taken..])?;
+            dir = next;
+            taken += n;
+        }
+        let fd = rfs::openat(
+            &dir,
+            OsStr::from_bytes(name),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stat = rfs::fstat(&fd)?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+            || (stat.st_dev, stat.st_ino) != (file.stamp.dev, file.stamp.ino)
+        {
+            return Err(io::Error::other(format!(
+                "{} was replaced while it was being archived",
+                display_path(&file.path)
+            )));
+        }
+        let start = out.len();
+        out.resize(start + len, 0);
+        std::os::unix::fs::FileExt::read_exact_at(&File::from(fd), &mut out[start..], offset)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::UnexpectedEof => io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file shrank while it was being archived",
+                ),
+                _ => e,
+            })?;
+        Ok(stamp(&stat) == Some(file.stamp))
     }
 }
 

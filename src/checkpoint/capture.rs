@@ -8,11 +8,15 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::{CheckpointError, CheckpointId, encode_metadata, verify};
 use crate::archive::ArchiveError;
+use crate::archive::gz::TreeRecords;
 use crate::archive::writer::{self, WriterOptions};
 use crate::members::store::MemberCache;
+use crate::members::tree::TreeMembers;
 use crate::store::{ObjectStore, Progress, PutMode, PutOutcome, StoreError};
 
 /// The outcome of [`put`].
@@ -70,7 +74,19 @@ pub fn put(
     progress: Progress<'_>,
 ) -> Result<PutReport, CheckpointError> {
     let root = open_tree(dir)?;
-    let (archive, written) = write_archive_file(root.as_fd(), options, &mut io::sink())?;
+    let tree = options.members.as_ref().and_then(|members| {
+        TreeMembers::open(Arc::clone(members), dir, &root)
+            .inspect_err(
+                |e| tracing::debug!(error = %e, "no records of this tree: every file is read"),
+            )
+            .ok()
+            .map(Arc::new)
+    });
+    let (archive, written) = write_archive_file(
+        root.as_fd(),
+        options,
+        Source::Tree(tree.clone().map(|t| t as Arc<dyn TreeRecords>)),
+    )?;
     tracing::debug!(
         dir = %dir.display(),
         sha256 = %written.sha256,
@@ -86,6 +102,17 @@ pub fn put(
         progress,
     )?;
     tracing::debug!(checkpoint = %report.id, outcome = %report.outcome, "stored");
+    if let Some(tree) = tree {
+        tracing::info!(
+            unread = tree.unread.load(Ordering::Relaxed),
+            read_again = tree.read_again.load(Ordering::Relaxed),
+            members_taken = tree.taken.load(Ordering::Relaxed),
+            "file bytes left unread as the last capture of this directory saw them, and read after all"
+        );
+        if let Err(e) = tree.save() {
+            tracing::warn!(error = %e, "cannot record what this capture saw: the next reads every file");
+        }
+    }
     Ok(report)
 }
 
@@ -114,12 +141,20 @@ fn open_tree(dir: &Path) -> Result<std::os::fd::OwnedFd, CheckpointError> {
 /// those a killed predecessor left in its work directory.
 pub const PUT_TEMP_PREFIX: &str = ".ckptfs-put-";
 
-/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way;
-/// the uncompressed tar stream is also copied to `tar_copy`.
+/// What [`write_archive_file`] does besides writing the archive.
+pub enum Source<'a> {
+    /// Takes members recorded by the last capture of the same tree without reading
+    /// their files, and records this one's (a put).
+    Tree(Option<Arc<dyn TreeRecords>>),
+    /// Copies the uncompressed tar stream (a seal, which indexes it).
+    Copy(&'a mut dyn io::Write),
+}
+
+/// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way.
 pub fn write_archive_file(
     dir: BorrowedFd<'_>,
     options: &PutOptions<'_>,
-    tar_copy: &mut dyn io::Write,
+    source: Source<'_>,
 ) -> Result<(tempfile::NamedTempFile, writer::WrittenArchive), CheckpointError> {
     let temp = tempfile::Builder::new()
         .prefix(PUT_TEMP_PREFIX)
@@ -128,20 +163,26 @@ pub fn write_archive_file(
             context: format!("create a temporary file in {}", options.temp_dir.display()),
             cause,
         })?;
-    let written = writer::write_archive_with_copy(
-        dir,
-        io::BufWriter::with_capacity(1 << 20, temp.as_file()),
-        &WriterOptions {
-            max_size: options.max_archive_size,
-            max_unpacked: options.max_unpacked,
-            threads: options.threads,
-            members: options
-                .members
-                .clone()
-                .map(|m| m as std::sync::Arc<dyn crate::archive::gz::MemberSource>),
-        },
-        tar_copy,
-    )?;
+    let out = io::BufWriter::with_capacity(1 << 20, temp.as_file());
+    let mut writer_options = WriterOptions {
+        max_size: options.max_archive_size,
+        max_unpacked: options.max_unpacked,
+        threads: options.threads,
+        members: options
+            .members
+            .clone()
+            .map(|m| m as Arc<dyn crate::archive::gz::MemberSource>),
+        tree: None,
+    };
+    let written = match source {
+        Source::Tree(tree) => {
+            writer_options.tree = tree;
+            writer::write_archive(dir, out, &writer_options)?
+        }
+        Source::Copy(tar_copy) => {
+            writer::write_archive_with_copy(dir, out, &writer_options, tar_copy)?
+        }
+    };
     Ok((temp, written))
 }
 

@@ -32,7 +32,8 @@ mod capture;
 mod restore;
 
 pub use capture::{
-    PUT_TEMP_PREFIX, PutOptions, PutReport, StoreOutcome, put, store_archive, write_archive_file,
+    PUT_TEMP_PREFIX, PutOptions, PutReport, Source, StoreOutcome, put, store_archive,
+    write_archive_file,
 };
 pub use restore::{GetOptions, get};
 

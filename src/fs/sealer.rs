@@ -391,7 +391,8 @@ impl Sealer {
                 (pending, built)
             })
         });
-        let written = checkpoint::write_archive_file(dir, &options, &mut tar_copy);
+        let written =
+            checkpoint::write_archive_file(dir, &options, checkpoint::Source::Copy(&mut tar_copy));
         drop(tar_copy);
         let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
         let (archive, written) = written.map_err(seal_error)?;

@@ -57,6 +57,7 @@ pub mod reader;
 pub mod recorder;
 pub mod records;
 pub mod store;
+pub mod tree;
 
 #[cfg(test)]
 mod tests;

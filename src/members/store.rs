@@ -53,7 +53,7 @@ use lru::LruCache;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
-use crate::archive::gz::{MemberSource, MemberSpan, compress_member};
+use crate::archive::gz::{Compressed, MemberSource, MemberSpan, compress_member};
 
 /// Compressed members smaller than this are not kept.
 pub const MIN_KEPT: usize = 4 << 10;
@@ -198,14 +198,24 @@ impl MemberCache {
         data: &[u8],
         compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
     ) -> io::Result<(Vec<u8>, [u8; 32])> {
+        self.get_or_compress_keyed(data, compress)
+            .map(|m| (m.bytes, m.digest))
+    }
+
+    /// [`MemberCache::get_or_compress`], also giving the SHA-256 of `data`.
+    pub fn get_or_compress_keyed(
+        &self,
+        data: &[u8],
+        compress: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
+    ) -> io::Result<Compressed> {
         let key: [u8; 32] = Sha256::digest(data).into();
         let name = hex::encode(key);
-        if let Some(found) = self.lookup(&name, &key, data) {
+        if let Some((bytes, digest)) = self.lookup(&name, &key, data) {
             self.stats.reused.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .reused_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
-            return Ok(found);
+            return Ok(Compressed { bytes, digest, key });
         }
         let member = compress(data)?;
         let digest: [u8; 32] = Sha256::digest(&member).into();
@@ -218,12 +228,37 @@ impl MemberCache {
                 }
             }
         }
-        Ok((member, digest))
+        Ok(Compressed {
+            bytes: member,
+            digest,
+            key,
+        })
     }
 
-    /// The cached member `name` (the hex of `key`, the SHA-256 of `data`) and the
-    /// SHA-256 of its bytes, if it is there and holds exactly `data`.
-    fn lookup(&self, name: &str, key: &[u8; 32], data: &[u8]) -> Option<(Vec<u8>, [u8; 32])> {
+    /// The member kept for the data whose SHA-256 is `key`, if its bytes are `length`
+    /// long with the SHA-256 `digest` (what a tree's records say it was when it was
+    /// made or checked): the records vouch for it, so it is not inflated. A file that
+    /// does not match is deleted.
+    pub fn recorded(&self, key: &[u8; 32], digest: &[u8; 32], length: u64) -> Option<Vec<u8>> {
+        let name = hex::encode(key);
+        let mut file = self.open_member(&name)?;
+        let mut member = Vec::with_capacity(length as usize);
+        if (&mut file)
+            .take(length + 1)
+            .read_to_end(&mut member)
+            .is_err()
+            || member.len() as u64 != length
+            || Sha256::digest(&member).as_slice() != digest
+        {
+            return self.damaged(&name, "does not have its recorded digest");
+        }
+        let _ = file.set_modified(SystemTime::now());
+        self.remember(*key, *digest);
+        Some(member)
+    }
+
+    /// Opens the member file `name`, if it is a regular file of this user.
+    fn open_member(&self, name: &str) -> Option<File> {
         // NONBLOCK: a FIFO planted under the name must not block the open.
         let fd = match rfs::openat(
             &self.dir,
@@ -244,7 +279,13 @@ impl MemberCache {
         {
             return self.damaged(name, "not a regular file of this user");
         }
-        let mut file = File::from(fd);
+        Some(File::from(fd))
+    }
+
+    /// The cached member `name` (the hex of `key`, the SHA-256 of `data`) and the
+    /// SHA-256 of its bytes, if it is there and holds exactly `data`.
+    fn lookup(&self, name: &str, key: &[u8; 32], data: &[u8]) -> Option<(Vec<u8>, [u8; 32])> {
+        let mut file = self.open_member(name)?;
         let mut member = Vec::new();
         // A member is at most its data plus deflate's worst case and the gzip framing.
         let most = data.len() as u64 + data.len() as u64 / 1000 + 1024;
@@ -367,13 +408,18 @@ impl MemberCache {
 }
 
 impl MemberCache {
+    /// The directory `name` of the encoder's directory, made private if new.
+    pub(super) fn subdir(&self, name: &str) -> io::Result<OwnedFd> {
+        private_dir_at(&self.dir, name)
+    }
+
     /// Records that the store holds `object` (`<sha256>.tar.gz`), made of `members`,
     /// and forgets the oldest layouts beyond [`LAYOUTS_KEPT`].
     pub fn record_layout(&self, object: &str, members: &[MemberSpan]) -> io::Result<()> {
         if !is_object_name(object.as_bytes()) || members.is_empty() {
             return Ok(());
         }
-        let dir = private_dir_at(&self.dir, "layouts")?;
+        let dir = self.subdir("layouts")?;
         let mut bytes = Vec::with_capacity(LAYOUT_MAGIC.len() + members.len() * LAYOUT_RECORD);
         bytes.extend_from_slice(LAYOUT_MAGIC);
         for member in members {
@@ -453,7 +499,7 @@ impl MemberCache {
 }
 
 /// Writes `name` in `dir` whole or not at all.
-fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub(super) fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let temp = format!(
         ".partial-{name}-{}-{}",
@@ -478,9 +524,18 @@ fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
 /// The layout files of `dir`, newest first (with partial ones left by a kill, which
 /// sort last and are removed as the oldest).
 fn layout_files(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    newest_files(dir, is_object_name)
+}
+
+/// The files of `dir` whose names `wanted` takes, newest first (with partial ones left
+/// by a kill, which sort last and are removed as the oldest).
+pub(super) fn newest_files(
+    dir: &OwnedFd,
+    wanted: impl Fn(&[u8]) -> bool,
+) -> io::Result<Vec<Vec<u8>>> {
     let mut files = Vec::new();
     for (name, is_dir) in crate::beneath::list(dir)? {
-        if is_dir || !(is_object_name(&name) || name.starts_with(b".partial-")) {
+        if is_dir || !(wanted(&name) || name.starts_with(b".partial-")) {
             continue;
         }
         let mtime = match rfs::statat(dir, OsStr::from_bytes(&name), AtFlags::SYMLINK_NOFOLLOW) {
@@ -568,8 +623,8 @@ fn inflates_to(member: &[u8], data: &[u8]) -> bool {
 }
 
 impl MemberSource for MemberCache {
-    fn member(&self, data: &[u8]) -> io::Result<(Vec<u8>, [u8; 32])> {
-        self.get_or_compress(data, compress_member)
+    fn member(&self, data: &[u8]) -> io::Result<Compressed> {
+        self.get_or_compress_keyed(data, compress_member)
     }
 
     fn trim(&self) -> io::Result<()> {

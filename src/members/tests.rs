@@ -102,6 +102,7 @@ fn workspace(dir: &Path, turn: u64) -> Vec<u8> {
         max_unpacked: u64::MAX,
         threads: 2,
         members: None,
+        tree: None,
     };
     let mut out = Vec::new();
     write_archive(root.as_fd(), &mut out, &options).unwrap();

@@ -61,6 +61,7 @@ both_stores!(
     reads_archives_written_by_python_tarfile,
     archives_are_readable_by_other_tools,
     a_turn_compresses_only_what_changed,
+    a_turn_reads_only_the_files_that_changed,
 );
 
 /// More than a second, so S3 LastModified and file times can tell writes apart.
@@ -1070,6 +1071,90 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
         .arg(&untarred))
     .success();
     assert_same_tree(&src, &untarred);
+}
+
+/// A put of a directory captured before leaves unread the files whose stamp (inode,
+/// size, times) the last capture saw, taking their members as it recorded them, and
+/// writes the object a put without any cache writes. A changed file is read (also one
+/// whose modification time was set back: its change time moved), and so are the
+/// unchanged files that share its member; what was removed or added is seen.
+fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
+    let work = temp_dir();
+    let src = work.path().join("src");
+    let mut total = 0u64;
+    for d in 0..6u64 {
+        for f in 0..20u64 {
+            let text: String = (0..1500 + d * 200 + f)
+                .map(|i| format!("let v{i} = {};\n", (i * 2_654_435_761) ^ (d * 31 + f)))
+                .collect();
+            total += text.len() as u64;
+            write_file(
+                &src.join(format!("pkg{d}/f{f:02}.txt")),
+                text.as_bytes(),
+                0o644,
+            );
+        }
+    }
+    let big = random_bytes(3 << 20, 7);
+    total += big.len() as u64;
+    write_file(&src.join("pkg2/blob.bin"), &big, 0o644);
+    // Files changed within the last seconds are always read (their stamp could stay
+    // the same through a second change): let these settle.
+    std::thread::sleep(std::time::Duration::from_millis(3300));
+    let cache = work.path().join("cache");
+    let put = |tree: &Path| put_cached(store, tree, &cache, &[]);
+    let first = put(&src);
+    assert_eq!(logged_count(&first.stderr, "unread"), 0, "{first}");
+
+    let again = put(&src);
+    assert_eq!(logged_count(&again.stderr, "unread"), total, "{again}");
+    assert_eq!(logged_count(&again.stderr, "read_again"), 0, "{again}");
+    assert_eq!(parse_put_output(&again), parse_put_output(&first));
+
+    // One file changed in place with its size and modification time kept, one added,
+    // one removed.
+    let edited = src.join("pkg4/f07.txt");
+    let mut bytes = fs::read(&edited).unwrap();
+    let mtime = fs::metadata(&edited).unwrap().modified().unwrap();
+    bytes[100] ^= 1;
+    fs::write(&edited, &bytes).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&edited)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    write_file(&src.join("pkg1/new.txt"), b"new\n", 0o644);
+    fs::remove_file(src.join("pkg5/f19.txt")).unwrap();
+    // Settled again, so that only the change time tells the edit.
+    std::thread::sleep(std::time::Duration::from_millis(3300));
+    let third = put(&src);
+    let (sha, size) = parse_put_output(&third);
+    let unread = logged_count(&third.stderr, "unread");
+    let read_again = logged_count(&third.stderr, "read_again");
+    // The three changes sit in three groups of files (members of up to a MiB, in a
+    // tree of 9 MiB): the unchanged files of those groups are read again.
+    assert!(
+        unread > total * 8 / 10 && read_again < total / 2,
+        "{total} bytes, {unread} left unread, {read_again} read after all: {third}"
+    );
+
+    let other = TestStore::local();
+    let out = run(ckptfs()
+        .arg("put")
+        .arg(other.url())
+        .arg(&src)
+        .args(["--member-cache-size", "0"]))
+    .success();
+    assert_eq!(parse_put_output(&out), (sha.clone(), size), "{out}");
+    let restored = work.path().join("restored");
+    run(ckptfs()
+        .arg("get")
+        .arg(store.url())
+        .arg(&sha)
+        .arg(&restored))
+    .success();
+    assert_same_tree(&src, &restored);
 }
 
 /// A turn that changes one file of 60 sends about S3's minimum part around the change

@@ -26,6 +26,7 @@ fn options() -> WriterOptions {
         max_unpacked: u64::MAX,
         threads: 2,
         members: None,
+        tree: None,
     }
 }
 
@@ -119,6 +120,7 @@ fn stops_at_the_size_limit() {
             max_unpacked: u64::MAX,
             threads: 1,
             members: None,
+            tree: None,
         },
     )
     .unwrap_err();
@@ -451,5 +453,79 @@ fn a_failed_capture_leaves_the_member_cache_within_its_bound() {
     assert!(
         on_disk <= 256 << 10,
         "{on_disk} bytes kept after failed captures"
+    );
+}
+
+/// A file whose change or modification time is within `RACY` of the capture is not
+/// taken by its stamp: a second write in the same tick could leave the stamp as it was.
+#[test]
+fn recently_changed_files_are_not_taken_by_their_stamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    fs::write(&file, b"x").unwrap();
+    let stat = rfs::stat(&file).unwrap();
+    let walk_at = |now: SystemTime| Walk {
+        hard_links: HashMap::new(),
+        headers: tar::Builder::new(Vec::new()),
+        recent: now - RACY,
+    };
+    assert!(!walk_at(SystemTime::now()).settled(&stat));
+    assert!(walk_at(SystemTime::now() + RACY + Duration::from_millis(100)).settled(&stat));
+    // An old modification time does not hide a recent change.
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert!(!walk_at(SystemTime::now()).settled(&rfs::stat(&file).unwrap()));
+}
+
+/// Contents left unread are read again only from the very inode stamped: a path that
+/// now names another file is an error, a changed stamp is read but not recorded.
+#[test]
+fn unread_contents_are_read_again_only_from_the_stamped_inode() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let path = dir.path().join("sub/f");
+    fs::write(&path, b"0123456789").unwrap();
+    let files = TreeFiles {
+        root: dir_fd(dir.path()),
+    };
+    let unread = |stamp| UnreadFile {
+        stamp,
+        path: b"sub/f".to_vec(),
+    };
+    let stamped = stamp(&rfs::stat(&path).unwrap()).unwrap();
+    let mut out = b"head".to_vec();
+    assert!(files.read_at(&unread(stamped), 2, 5, &mut out).unwrap());
+    assert_eq!(out, b"head23456");
+    // Rewritten in place: read, not the same stamp.
+    fs::write(&path, b"abcdefghij").unwrap();
+    let mut out = Vec::new();
+    assert!(!files.read_at(&unread(stamped), 0, 3, &mut out).unwrap());
+    assert_eq!(out, b"abc");
+    // Shrunk: the header promised more.
+    fs::write(&path, b"ab").unwrap();
+    let err = files
+        .read_at(&unread(stamped), 0, 10, &mut Vec::new())
+        .unwrap_err();
+    assert!(err.to_string().contains("shrank"), "{err}");
+    // Another file under the name, or a symlink to it on the way: refused.
+    let other = dir.path().join("sub/other");
+    fs::write(&other, b"0123456789").unwrap();
+    fs::rename(&other, &path).unwrap();
+    let err = files
+        .read_at(&unread(stamped), 0, 3, &mut Vec::new())
+        .unwrap_err();
+    assert!(err.to_string().contains("replaced"), "{err}");
+    fs::rename(dir.path().join("sub"), dir.path().join("real")).unwrap();
+    std::os::unix::fs::symlink("real", dir.path().join("sub")).unwrap();
+    let moved = stamp(&rfs::stat(dir.path().join("real/f")).unwrap()).unwrap();
+    assert!(
+        files
+            .read_at(&unread(moved), 0, 3, &mut Vec::new())
+            .is_err()
     );
 }

@@ -1,0 +1,286 @@
+//! What the last capture of a directory saw, so that the next `put` of it reads only
+//! the files that changed (git's index, restic's parent snapshot): the stamps of its
+//! files, and its members by fingerprint (see `crate::archive::gz`, "Members made of
+//! files left unread").
+//!
+//! Layout: `<member cache>/<encoder>/trees/<name>`, `<name>` the first 32 hex digits of
+//! the SHA-256 of the directory's canonical path, device and inode (a directory made
+//! again at the same path is another tree). One file per tree: [`MAGIC`], the number
+//! of stamps (u64, little-endian) and the xxh3-128 of each (16 bytes), the number of
+//! members and, for each, its fingerprint, the SHA-256 of its data (its name in the
+//! member cache) and of its compressed bytes, the lengths of both (u64), and the
+//! length and bytes of the member itself when it is too small for the member cache to
+//! keep ([`super::store::MIN_KEPT`]; else 0).
+//!
+//! Invariants:
+//! - the archive does not depend on the records: a member is taken by fingerprint only
+//!   when the member cache holds a file of the recorded length and SHA-256, which is
+//!   what the member was when this cache made or checked it, so a missing, damaged,
+//!   stale or planted records file or member costs reading the files again, never
+//!   other bytes. The cache is trusted as the mount's own cache is: as far as its
+//!   user, and checked against damage;
+//! - what a stamp cannot see is stated in the README: contents changed with the size,
+//!   times and inode left as they were (a filesystem that does not keep change times,
+//!   or a clock set back) are not read again. `--member-cache-size 0` reads all;
+//! - bounded: a records file larger than [`MAX_RECORDS`] is not read nor written, and
+//!   the [`TREES_KEPT`] trees captured last are kept;
+//! - written atomically once a capture stored its archive: a failed capture leaves the
+//!   records of the one before.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{self as rfs, AtFlags};
+use sha2::{Digest, Sha256};
+
+use super::store::{MIN_KEPT, MemberCache};
+use crate::archive::gz::{Compressed, FileStamp, TreeRecords};
+
+const MAGIC: &[u8] = b"ckptfs tree v1\n";
+const STAMP: usize = 16;
+const MEMBER: usize = 32 * 3 + 24;
+/// Records of one tree larger than this are neither read nor written (about 4 million
+/// files).
+const MAX_RECORDS: u64 = 64 << 20;
+/// Trees whose records are kept: those captured last.
+pub const TREES_KEPT: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Recorded {
+    key: [u8; 32],
+    digest: [u8; 32],
+    length: u64,
+    data_length: u64,
+    /// The member, when the member cache does not keep members so small.
+    inline: Option<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Records {
+    stamps: HashSet<u128>,
+    members: HashMap<[u8; 32], Recorded>,
+}
+
+/// One directory's records: those of the capture before, read at the start, and those
+/// of this capture, written by [`TreeMembers::save`].
+pub struct TreeMembers {
+    cache: Arc<MemberCache>,
+    name: String,
+    before: Records,
+    now: Mutex<Records>,
+    /// File bytes the walk left unread, and those read after all.
+    pub unread: AtomicU64,
+    pub read_again: AtomicU64,
+    /// Members taken by their records.
+    pub taken: AtomicU64,
+}
+
+fn stamp_hash(stamp: &FileStamp) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(&stamp.to_bytes())
+}
+
+impl TreeMembers {
+    /// The records of the directory at `path` (opened as `root`); none if there are
+    /// none or they cannot be read.
+    pub fn open(cache: Arc<MemberCache>, path: &Path, root: impl AsFd) -> io::Result<TreeMembers> {
+        let stat = rfs::fstat(root)?;
+        let canonical = std::fs::canonicalize(path)?;
+        let mut id = Sha256::new();
+        id.update(canonical.as_os_str().as_bytes());
+        id.update([0]);
+        id.update(stat.st_dev.to_le_bytes());
+        id.update(stat.st_ino.to_le_bytes());
+        let name = hex::encode(&id.finalize()[..16]);
+        let before = cache
+            .read_tree(&name, MAX_RECORDS)
+            .and_then(|bytes| parse(&bytes))
+            .unwrap_or_default();
+        Ok(TreeMembers {
+            cache,
+            name,
+            before,
+            now: Mutex::new(Records::default()),
+            unread: AtomicU64::new(0),
+            read_again: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+        })
+    }
+
+    /// Replaces the tree's records with this capture's (call once its archive is
+    /// stored), and forgets the trees captured longest ago.
+    pub fn save(&self) -> io::Result<()> {
+        let bytes = encode(&self.now.lock().expect("records lock"));
+        if bytes.len() as u64 > MAX_RECORDS {
+            return Ok(());
+        }
+        self.cache.write_tree(&self.name, &bytes, TREES_KEPT)
+    }
+}
+
+fn encode(records: &Records) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&(records.stamps.len() as u64).to_le_bytes());
+    for stamp in &records.stamps {
+        bytes.extend_from_slice(&stamp.to_le_bytes());
+    }
+    bytes.extend_from_slice(&(records.members.len() as u64).to_le_bytes());
+    for (fingerprint, r) in &records.members {
+        bytes.extend_from_slice(fingerprint);
+        bytes.extend_from_slice(&r.key);
+        bytes.extend_from_slice(&r.digest);
+        bytes.extend_from_slice(&r.length.to_le_bytes());
+        bytes.extend_from_slice(&r.data_length.to_le_bytes());
+        let inline = r.inline.as_deref().unwrap_or_default();
+        bytes.extend_from_slice(&(inline.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(inline);
+    }
+    bytes
+}
+
+/// The records in `bytes`, or `None` if they are malformed.
+fn parse(bytes: &[u8]) -> Option<Records> {
+    let mut rest = bytes.strip_prefix(MAGIC)?;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        rest = tail;
+        Some(head)
+    };
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let mut records = Records::default();
+    let stamps = u64_at(take(8)?);
+    for _ in 0..stamps.min(bytes.len() as u64 / STAMP as u64 + 1) {
+        records
+            .stamps
+            .insert(u128::from_le_bytes(take(STAMP)?.try_into().ok()?));
+    }
+    let members = u64_at(take(8)?);
+    for _ in 0..members.min(bytes.len() as u64 / MEMBER as u64 + 1) {
+        let m = take(MEMBER)?;
+        let array = |at: usize| -> [u8; 32] { m[at..at + 32].try_into().expect("32 bytes") };
+        let inline = usize::try_from(u64_at(&m[112..120])).ok()?;
+        let inline = (inline > 0)
+            .then(|| take(inline).map(<[u8]>::to_vec))
+            .map_or(Some(None), |bytes| bytes.map(Some))?;
+        records.members.insert(
+            array(0),
+            Recorded {
+                key: array(32),
+                digest: array(64),
+                length: u64_at(&m[96..104]),
+                data_length: u64_at(&m[104..112]),
+                inline,
+            },
+        );
+    }
+    take(1).is_none().then_some(records)
+}
+
+impl TreeRecords for TreeMembers {
+    fn seen(&self, stamp: &FileStamp) -> bool {
+        let seen = self.before.stamps.contains(&stamp_hash(stamp));
+        if seen {
+            self.unread.fetch_add(stamp.size, Ordering::Relaxed);
+        }
+        seen
+    }
+
+    fn recorded(&self, fingerprint: &[u8; 32]) -> Option<Compressed> {
+        let r = self.before.members.get(fingerprint)?;
+        let bytes = match &r.inline {
+            Some(bytes) => (bytes.len() as u64 == r.length
+                && Sha256::digest(bytes).as_slice() == r.digest)
+                .then(|| bytes.clone())?,
+            None => self.cache.recorded(&r.key, &r.digest, r.length)?,
+        };
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        let stats = &self.cache.stats;
+        stats.reused.fetch_add(1, Ordering::Relaxed);
+        stats
+            .reused_bytes
+            .fetch_add(r.data_length, Ordering::Relaxed);
+        Some(Compressed {
+            bytes,
+            digest: r.digest,
+            key: r.key,
+        })
+    }
+
+    fn record(
+        &self,
+        fingerprint: [u8; 32],
+        member: &Compressed,
+        length: u64,
+        stamps: &[FileStamp],
+    ) {
+        let mut now = self.now.lock().expect("records lock");
+        now.stamps.extend(stamps.iter().map(stamp_hash));
+        now.members.insert(
+            fingerprint,
+            Recorded {
+                key: member.key,
+                digest: member.digest,
+                length: member.bytes.len() as u64,
+                data_length: length,
+                inline: (member.bytes.len() < MIN_KEPT).then(|| member.bytes.clone()),
+            },
+        );
+    }
+
+    fn read_again(&self, bytes: u64) {
+        self.read_again.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+impl MemberCache {
+    /// The records file of tree `name`, if it is a regular file of this user no larger
+    /// than `most`.
+    fn read_tree(&self, name: &str, most: u64) -> Option<Vec<u8>> {
+        let dir = self.subdir("trees").ok()?;
+        let fd = rfs::openat(
+            &dir,
+            name,
+            rfs::OFlags::RDONLY
+                | rfs::OFlags::NOFOLLOW
+                | rfs::OFlags::NONBLOCK
+                | rfs::OFlags::CLOEXEC,
+            rfs::Mode::empty(),
+        )
+        .ok()?;
+        let stat = rfs::fstat(&fd).ok()?;
+        if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::RegularFile
+            || stat.st_uid != rustix::process::geteuid().as_raw()
+        {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::from(fd)
+            .take(most + 1)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        (bytes.len() as u64 <= most).then_some(bytes)
+    }
+
+    /// Writes the records of tree `name`, keeping the `kept` newest trees.
+    fn write_tree(&self, name: &str, bytes: &[u8], kept: usize) -> io::Result<()> {
+        let dir = self.subdir("trees")?;
+        super::store::write_atomically(&dir, name, bytes)?;
+        let is_tree = |n: &[u8]| n.len() == 32 && n.iter().all(u8::is_ascii_hexdigit);
+        for old in super::store::newest_files(&dir, is_tree)?
+            .into_iter()
+            .skip(kept)
+        {
+            let _ = rfs::unlinkat(&dir, OsStr::from_bytes(&old), AtFlags::empty());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

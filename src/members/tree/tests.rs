@@ -1,0 +1,230 @@
+use std::fs;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::*;
+use crate::archive::gz::MemberSource;
+use crate::archive::writer::{WriterOptions, write_archive};
+
+/// Text that compresses as source code does; `seed` makes each file its own.
+fn text(lines: u64, seed: u64) -> Vec<u8> {
+    (0..lines)
+        .map(|i| format!("let v{i} = {};\n", (i * 2_654_435_761) ^ seed))
+        .collect::<String>()
+        .into_bytes()
+}
+
+/// A tree of 60 small files and one of 2 MiB, settled (see the writer's `RACY`).
+fn settled_tree(root: &Path) -> u64 {
+    let mut total = 0;
+    for d in 0..3u64 {
+        fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+        for f in 0..20u64 {
+            let bytes = text(400 + f * 7, d * 100 + f);
+            total += bytes.len() as u64;
+            fs::write(root.join(format!("d{d}/f{f:02}")), bytes).unwrap();
+        }
+    }
+    let big = text(90_000, 5);
+    total += big.len() as u64;
+    fs::write(root.join("d1/big"), big).unwrap();
+    std::thread::sleep(Duration::from_millis(3300));
+    total
+}
+
+fn private_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    dir
+}
+
+struct Capture {
+    archive: Vec<u8>,
+    unread: u64,
+    read_again: u64,
+}
+
+/// Archives `tree` with the member cache in `cache` and the tree's records, and
+/// saves this capture's records.
+fn capture(tree: &Path, cache: &Path) -> Capture {
+    fs::create_dir_all(cache).unwrap();
+    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
+    let root = fs::File::open(tree).unwrap();
+    let records = Arc::new(TreeMembers::open(Arc::clone(&members), tree, &root).unwrap());
+    let mut archive = Vec::new();
+    write_archive(
+        root.as_fd(),
+        &mut archive,
+        &WriterOptions {
+            max_size: u64::MAX,
+            max_unpacked: u64::MAX,
+            threads: 2,
+            members: Some(members as Arc<dyn MemberSource>),
+            tree: Some(Arc::clone(&records) as Arc<dyn TreeRecords>),
+        },
+    )
+    .unwrap();
+    records.save().unwrap();
+    Capture {
+        archive,
+        unread: records.unread.load(Ordering::Relaxed),
+        read_again: records.read_again.load(Ordering::Relaxed),
+    }
+}
+
+fn plain(tree: &Path) -> Vec<u8> {
+    let root = fs::File::open(tree).unwrap();
+    let mut archive = Vec::new();
+    write_archive(
+        root.as_fd(),
+        &mut archive,
+        &WriterOptions {
+            max_size: u64::MAX,
+            max_unpacked: u64::MAX,
+            threads: 1,
+            members: None,
+            tree: None,
+        },
+    )
+    .unwrap();
+    archive
+}
+
+/// Every file of the member cache's encoder directory (members, not directories).
+fn member_files(cache: &Path) -> Vec<std::path::PathBuf> {
+    let encoder = fs::read_dir(cache.join("members"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("v1-"))
+        .unwrap();
+    fs::read_dir(encoder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+#[test]
+fn an_unchanged_tree_is_not_read_and_gives_the_same_archive() {
+    let work = private_dir();
+    let tree = work.path().join("tree");
+    let total = settled_tree(&tree);
+    let cache = work.path().join("cache");
+    let first = capture(&tree, &cache);
+    assert_eq!((first.unread, first.read_again), (0, 0));
+    assert_eq!(first.archive, plain(&tree));
+    let second = capture(&tree, &cache);
+    assert_eq!((second.unread, second.read_again), (total, 0));
+    assert_eq!(second.archive, first.archive);
+}
+
+/// A damaged member makes the capture read its files again; the records themselves
+/// garbled, truncated or emptied make it read everything. The archive never changes.
+#[test]
+fn damaged_members_or_records_cost_reading_never_other_bytes() {
+    let work = private_dir();
+    let tree = work.path().join("tree");
+    let total = settled_tree(&tree);
+    let cache = work.path().join("cache");
+    let first = capture(&tree, &cache);
+    let members = member_files(&cache);
+    assert!(!members.is_empty());
+    for member in &members {
+        let mut bytes = fs::read(member).unwrap();
+        let last = bytes.len() - 9;
+        bytes[last] ^= 0x40;
+        fs::write(member, bytes).unwrap();
+    }
+    let damaged = capture(&tree, &cache);
+    assert_eq!(damaged.archive, first.archive);
+    assert!(damaged.read_again > total / 2, "{}", damaged.read_again);
+
+    let records: Vec<_> = fs::read_dir(member_files(&cache)[0].parent().unwrap().join("trees"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(records.len(), 1);
+    let good = fs::read(&records[0]).unwrap();
+    for bad in [
+        good[..good.len() / 2].to_vec(),
+        [&good[..], b"trailing"].concat(),
+        good.iter().map(|b| b ^ 0x5a).collect(),
+        Vec::new(),
+    ] {
+        fs::write(&records[0], bad).unwrap();
+        let again = capture(&tree, &cache);
+        assert_eq!(again.archive, first.archive);
+        assert_eq!(again.unread, 0, "unreadable records were used");
+    }
+}
+
+/// Records belong to one directory: another at the same path (made again) or one
+/// given the records of another reads all its files.
+#[test]
+fn records_of_another_tree_are_not_used() {
+    let work = private_dir();
+    let cache = work.path().join("cache");
+    let tree = work.path().join("tree");
+    settled_tree(&tree);
+    capture(&tree, &cache);
+    fs::rename(&tree, work.path().join("moved")).unwrap();
+    let total = settled_tree(&tree);
+    let again = capture(&tree, &cache);
+    assert_eq!(again.unread, 0);
+    assert_eq!(again.archive, plain(&tree));
+    // The records file of one tree planted under the other's name: no stamp matches
+    // (other inodes), so nothing is left unread.
+    let trees = member_files(&cache)[0].parent().unwrap().join("trees");
+    let mut names: Vec<_> = fs::read_dir(&trees)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort_by_key(|p| fs::metadata(p).unwrap().modified().unwrap());
+    assert_eq!(names.len(), 2);
+    fs::copy(&names[0], &names[1]).unwrap();
+    let planted = capture(&tree, &cache);
+    assert_eq!(planted.unread, 0);
+    assert_eq!(planted.archive, plain(&tree));
+    assert!(total > 0);
+}
+
+#[test]
+fn records_round_trip_and_stay_bounded() {
+    let mut records = Records::default();
+    records.stamps.insert(7);
+    records.members.insert(
+        [1; 32],
+        Recorded {
+            key: [2; 32],
+            digest: [3; 32],
+            length: 10,
+            data_length: 20,
+            inline: Some(b"0123456789".to_vec()),
+        },
+    );
+    records.members.insert(
+        [4; 32],
+        Recorded {
+            key: [5; 32],
+            digest: [6; 32],
+            length: 9000,
+            data_length: 20000,
+            inline: None,
+        },
+    );
+    let bytes = encode(&records);
+    let back = parse(&bytes).unwrap();
+    assert_eq!(back.stamps, records.stamps);
+    assert_eq!(back.members, records.members);
+    // A count far past what the file holds is refused without allocating for it.
+    let mut huge = MAGIC.to_vec();
+    huge.extend_from_slice(&u64::MAX.to_le_bytes());
+    assert!(parse(&huge).is_none());
+}
