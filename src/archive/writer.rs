@@ -120,7 +120,7 @@ fn write_tree<W: Write>(
     let mut walk = Walk {
         hard_links: HashMap::new(),
         headers: tar::Builder::new(Vec::new()),
-        recent: SystemTime::now() - RACY,
+        start: SystemTime::now(),
     };
     let result = walk
         .append_tree(&mut builder, root)
@@ -183,16 +183,19 @@ struct Walk {
     /// Makes a file's header records exactly as `tar::Builder::append_data` would,
     /// for the file's contents to follow apart.
     headers: tar::Builder<Vec<u8>>,
-    /// A file changed at or after this time may change again without its stamp
-    /// changing (see [`RACY`]).
-    recent: SystemTime,
+    /// When the capture started: a file changed shortly before may change again
+    /// without its stamp changing (see [`RACY`]).
+    start: SystemTime,
 }
 
 /// A file whose change time or modification time is within this of the capture's
 /// start is read, and its contents fingerprinted by themselves rather than by its
-/// stamp: a later write in the same tick of the clock (or of a filesystem that keeps
-/// whole seconds, or two) could leave its stamp unchanged (git's "racy" files).
-const RACY: Duration = Duration::from_secs(3);
+/// stamp: a later write in the same tick of the clock could leave its stamp unchanged
+/// (git's "racy" files). The kernel stamps files from a clock that moves every few
+/// milliseconds; a filesystem that keeps whole seconds (or two) shows times without
+/// nanoseconds, and gets [`RACY_COARSE`].
+const RACY: Duration = Duration::from_millis(100);
+const RACY_COARSE: Duration = Duration::from_secs(3);
 
 type Builder<'a, W> = tar::Builder<Tee<'a, W>>;
 
@@ -457,6 +460,8 @@ impl Walk {
 
     /// Whether a file's times are old enough for its stamp to stand for its contents.
     fn settled(&self, stat: &rfs::Stat) -> bool {
+        let coarse = stat.st_mtime_nsec == 0 && stat.st_ctime_nsec == 0;
+        let recent = self.start - if coarse { RACY_COARSE } else { RACY };
         let time = |secs: i64, nanos: i64| {
             SystemTime::UNIX_EPOCH.checked_add(Duration::new(
                 secs.max(0) as u64,
@@ -468,7 +473,7 @@ impl Walk {
             time(stat.st_ctime, stat.st_ctime_nsec as i64),
         ]
         .into_iter()
-        .all(|t| t.is_some_and(|t| t < self.recent))
+        .all(|t| t.is_some_and(|t| t < recent))
             && stat.st_mtime >= 0
             && stat.st_ctime >= 0
     }

@@ -236,10 +236,10 @@ impl MemberCache {
     }
 
     /// The member kept for the data whose SHA-256 is `key`, if its bytes are `length`
-    /// long with the SHA-256 `digest` (what a tree's records say it was when it was
-    /// made or checked): the records vouch for it, so it is not inflated. A file that
-    /// does not match is deleted.
-    pub fn recorded(&self, key: &[u8; 32], digest: &[u8; 32], length: u64) -> Option<Vec<u8>> {
+    /// long with the xxh3-128 `check` (what a tree's records say it was when it was
+    /// made or checked: see `super::tree`): the records vouch for it, so it is not
+    /// inflated. A file that does not match is deleted.
+    pub fn recorded(&self, key: &[u8; 32], length: u64, check: u128) -> Option<Vec<u8>> {
         let name = hex::encode(key);
         let mut file = self.open_member(&name)?;
         let mut member = Vec::with_capacity(length as usize);
@@ -248,12 +248,11 @@ impl MemberCache {
             .read_to_end(&mut member)
             .is_err()
             || member.len() as u64 != length
-            || Sha256::digest(&member).as_slice() != digest
+            || xxhash_rust::xxh3::xxh3_128(&member) != check
         {
-            return self.damaged(&name, "does not have its recorded digest");
+            return self.damaged(&name, "does not have its recorded length and checksum");
         }
         let _ = file.set_modified(SystemTime::now());
-        self.remember(*key, *digest);
         Some(member)
     }
 

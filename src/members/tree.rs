@@ -8,14 +8,16 @@
 //! again at the same path is another tree). One file per tree: [`MAGIC`], the number
 //! of stamps (u64, little-endian) and the xxh3-128 of each (16 bytes), the number of
 //! members and, for each, its fingerprint, the SHA-256 of its data (its name in the
-//! member cache) and of its compressed bytes, the lengths of both (u64), and the
+//! member cache) and of its compressed bytes, the length of the compressed bytes and
+//! their xxh3-128, the length of the data, and the
 //! length and bytes of the member itself when it is too small for the member cache to
 //! keep ([`super::store::MIN_KEPT`]; else 0).
 //!
 //! Invariants:
 //! - the archive does not depend on the records: a member is taken by fingerprint only
-//!   when the member cache holds a file of the recorded length and SHA-256, which is
-//!   what the member was when this cache made or checked it, so a missing, damaged,
+//!   when the member cache holds a file of the recorded length and xxh3-128, which is
+//!   what the member was when this cache made or checked it (damage is what this
+//!   guards against: see the README's security model), so a missing, damaged,
 //!   stale or planted records file or member costs reading the files again, never
 //!   other bytes. The cache is trusted as the mount's own cache is: as far as its
 //!   user, and checked against damage;
@@ -44,7 +46,7 @@ use crate::archive::gz::{Compressed, FileStamp, TreeRecords};
 
 const MAGIC: &[u8] = b"ckptfs tree v1\n";
 const STAMP: usize = 16;
-const MEMBER: usize = 32 * 3 + 24;
+const MEMBER: usize = 32 * 3 + 16 + 24;
 /// Records of one tree larger than this are neither read nor written (about 4 million
 /// files).
 const MAX_RECORDS: u64 = 64 << 20;
@@ -56,6 +58,9 @@ struct Recorded {
     key: [u8; 32],
     digest: [u8; 32],
     length: u64,
+    /// The xxh3-128 of the compressed bytes: what finds a damaged member quickly
+    /// (the SHA-256 above names the member in layouts).
+    check: u128,
     data_length: u64,
     /// The member, when the member cache does not keep members so small.
     inline: Option<Vec<u8>>,
@@ -136,6 +141,7 @@ fn encode(records: &Records) -> Vec<u8> {
         bytes.extend_from_slice(&r.key);
         bytes.extend_from_slice(&r.digest);
         bytes.extend_from_slice(&r.length.to_le_bytes());
+        bytes.extend_from_slice(&r.check.to_le_bytes());
         bytes.extend_from_slice(&r.data_length.to_le_bytes());
         let inline = r.inline.as_deref().unwrap_or_default();
         bytes.extend_from_slice(&(inline.len() as u64).to_le_bytes());
@@ -164,7 +170,7 @@ fn parse(bytes: &[u8]) -> Option<Records> {
     for _ in 0..members.min(bytes.len() as u64 / MEMBER as u64 + 1) {
         let m = take(MEMBER)?;
         let array = |at: usize| -> [u8; 32] { m[at..at + 32].try_into().expect("32 bytes") };
-        let inline = usize::try_from(u64_at(&m[112..120])).ok()?;
+        let inline = usize::try_from(u64_at(&m[128..136])).ok()?;
         let inline = (inline > 0)
             .then(|| take(inline).map(<[u8]>::to_vec))
             .map_or(Some(None), |bytes| bytes.map(Some))?;
@@ -174,7 +180,8 @@ fn parse(bytes: &[u8]) -> Option<Records> {
                 key: array(32),
                 digest: array(64),
                 length: u64_at(&m[96..104]),
-                data_length: u64_at(&m[104..112]),
+                check: u128::from_le_bytes(m[104..120].try_into().expect("16 bytes")),
+                data_length: u64_at(&m[120..128]),
                 inline,
             },
         );
@@ -195,9 +202,9 @@ impl TreeRecords for TreeMembers {
         let r = self.before.members.get(fingerprint)?;
         let bytes = match &r.inline {
             Some(bytes) => (bytes.len() as u64 == r.length
-                && Sha256::digest(bytes).as_slice() == r.digest)
+                && xxhash_rust::xxh3::xxh3_128(bytes) == r.check)
                 .then(|| bytes.clone())?,
-            None => self.cache.recorded(&r.key, &r.digest, r.length)?,
+            None => self.cache.recorded(&r.key, r.length, r.check)?,
         };
         self.taken.fetch_add(1, Ordering::Relaxed);
         let stats = &self.cache.stats;
@@ -227,6 +234,7 @@ impl TreeRecords for TreeMembers {
                 key: member.key,
                 digest: member.digest,
                 length: member.bytes.len() as u64,
+                check: xxhash_rust::xxh3::xxh3_128(&member.bytes),
                 data_length: length,
                 inline: (member.bytes.len() < MIN_KEPT).then(|| member.bytes.clone()),
             },

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::beneath::open_regular;
@@ -134,6 +135,34 @@ impl LocalStore {
             .and_then(|()| tmp.as_file().sync_all())
             .map_err(|e| StoreError::io("write temporary file", tmp.path(), e))?;
         Ok(tmp.into_temp_path())
+    }
+
+    /// A temporary name in the store directory for the file at `path` itself, hard-linked
+    /// and fsynced, when it is a regular file on the store's filesystem (a put's archive
+    /// written in a temporary directory of the same disk): the object is then written
+    /// once, not copied. `None` where a link cannot be made (another filesystem).
+    fn linked_temp(&self, path: &Path) -> Option<tempfile::TempPath> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        if !fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        let name = self.dir.join(format!(
+            "{TEMP_PREFIX}link-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::hard_link(path, &name).ok()?;
+        let Ok(linked) = tempfile::TempPath::try_from_path(&name) else {
+            let _ = fs::remove_file(&name);
+            return None;
+        };
+        // What was linked must be a regular file (a name swapped for a symlink in
+        // between would have linked the symlink): checked on the link itself.
+        if !fs::symlink_metadata(&linked).is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        File::open(&linked).and_then(|f| f.sync_all()).ok()?;
+        Some(linked)
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {
@@ -288,12 +317,19 @@ impl ObjectStore for LocalStore {
         }
         let doc = encode_sidecar(metadata);
         let sidecar_tmp = self.temp_file(|f| f.write_all(doc.as_bytes()))?;
-        let object_tmp = self.temp_file(|f| {
-            let mut src = File::open(path)?;
-            let copied = io::copy(&mut src, f)?;
-            progress(copied, copied);
-            Ok(())
-        })?;
+        let object_tmp = match self.linked_temp(path) {
+            Some(linked) => {
+                let size = linked.metadata().map_or(0, |m| m.len());
+                progress(size, size);
+                linked
+            }
+            None => self.temp_file(|f| {
+                let mut src = File::open(path)?;
+                let copied = io::copy(&mut src, f)?;
+                progress(copied, copied);
+                Ok(())
+            })?,
+        };
         let sidecar = self.sidecar(name);
         sidecar_tmp
             .persist(&sidecar)
@@ -398,5 +434,48 @@ mod tests {
         );
         assert!(decode_sidecar("[1, 2]").is_err());
         assert!(decode_sidecar("not json").is_err());
+    }
+
+    /// An archive on the store's filesystem is linked into the store, not copied; a
+    /// symlink or a file elsewhere is copied. Either way the object holds the bytes.
+    #[test]
+    fn a_put_links_a_file_of_the_same_filesystem_and_copies_anything_else() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("store")).unwrap();
+        let store = LocalStore::open(&dir.path().join("store")).unwrap();
+        let archive = dir.path().join("archive");
+        fs::write(&archive, b"archive bytes").unwrap();
+        let put = |name: &str, path: &Path| {
+            store
+                .put(name, path, &BTreeMap::new(), PutMode::IfAbsent, &|_, _| {})
+                .unwrap()
+        };
+        let linked = format!("{}.tar.gz", "a".repeat(64));
+        assert_eq!(put(&linked, &archive), PutOutcome::Stored);
+        let object = dir.path().join("store").join(&linked);
+        assert_eq!(fs::read(&object).unwrap(), b"archive bytes");
+        assert_eq!(
+            fs::metadata(&object).unwrap().ino(),
+            fs::metadata(&archive).unwrap().ino()
+        );
+        let symlink = dir.path().join("link");
+        std::os::unix::fs::symlink(&archive, &symlink).unwrap();
+        let copied = format!("{}.tar.gz", "b".repeat(64));
+        assert_eq!(put(&copied, &symlink), PutOutcome::Stored);
+        let object = dir.path().join("store").join(&copied);
+        assert!(fs::symlink_metadata(&object).unwrap().is_file());
+        assert_ne!(
+            fs::metadata(&object).unwrap().ino(),
+            fs::metadata(&archive).unwrap().ino()
+        );
+        assert_eq!(fs::read(&object).unwrap(), b"archive bytes");
+        // No temporary name is left.
+        let left: Vec<_> = fs::read_dir(dir.path().join("store"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.as_encoded_bytes().starts_with(TEMP_PREFIX.as_bytes()))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -457,20 +457,34 @@ fn a_failed_capture_leaves_the_member_cache_within_its_bound() {
 }
 
 /// A file whose change or modification time is within `RACY` of the capture is not
-/// taken by its stamp: a second write in the same tick could leave the stamp as it was.
+/// taken by its stamp: a second write in the same tick could leave the stamp as it was;
+/// times without nanoseconds (a filesystem that keeps whole seconds) wait longer.
 #[test]
 fn recently_changed_files_are_not_taken_by_their_stamp() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("f");
     fs::write(&file, b"x").unwrap();
     let stat = rfs::stat(&file).unwrap();
-    let walk_at = |now: SystemTime| Walk {
+    let walk_at = |start: SystemTime| Walk {
         hard_links: HashMap::new(),
         headers: tar::Builder::new(Vec::new()),
-        recent: now - RACY,
+        start,
     };
-    assert!(!walk_at(SystemTime::now()).settled(&stat));
-    assert!(walk_at(SystemTime::now() + RACY + Duration::from_millis(100)).settled(&stat));
+    let changed =
+        SystemTime::UNIX_EPOCH + Duration::new(stat.st_ctime as u64, stat.st_ctime_nsec as u32);
+    assert!(!walk_at(changed).settled(&stat));
+    assert!(!walk_at(changed + RACY / 2).settled(&stat));
+    let fine = stat.st_ctime_nsec != 0 || stat.st_mtime_nsec != 0;
+    assert_eq!(walk_at(changed + RACY * 2).settled(&stat), fine);
+    assert!(walk_at(changed + RACY_COARSE * 2).settled(&stat));
+    // Whole seconds only.
+    let mut coarse = stat;
+    coarse.st_ctime_nsec = 0;
+    coarse.st_mtime_nsec = 0;
+    let second = SystemTime::UNIX_EPOCH + Duration::from_secs(stat.st_ctime as u64);
+    assert!(!walk_at(second + RACY * 2).settled(&coarse));
+    assert!(!walk_at(second + RACY_COARSE - RACY).settled(&coarse));
+    assert!(walk_at(second + RACY_COARSE * 2).settled(&coarse));
     // An old modification time does not hide a recent change.
     let old = SystemTime::now() - Duration::from_secs(3600);
     File::options()
