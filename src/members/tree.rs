@@ -47,9 +47,10 @@ use crate::archive::gz::{Compressed, FileStamp, TreeRecords};
 const MAGIC: &[u8] = b"ckptfs tree v1\n";
 const STAMP: usize = 16;
 const MEMBER: usize = 32 * 3 + 16 + 24;
-/// Records of one tree larger than this are neither read nor written (about 4 million
-/// files).
-const MAX_RECORDS: u64 = 64 << 20;
+/// Records of one tree larger than this are neither read nor written (about a million
+/// files). They are not counted in the member cache's bound: [`TREES_KEPT`] of them at
+/// most.
+const MAX_RECORDS: u64 = 16 << 20;
 /// Trees whose records are kept: those captured last.
 pub const TREES_KEPT: usize = 16;
 
