@@ -1,4 +1,4 @@
-//! A bounded in-process byte pipe between two threads, in chunks of 1 MiB.
+//! A bounded in-process byte pipe between two threads, in chunks of 256 KiB.
 //!
 //! Used where the stages of a pass run on cores of their own: a load downloads and
 //! hashes, inflates, and indexes on three threads, and a seal archives beside
@@ -8,7 +8,7 @@
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
-const CHUNK: usize = 1 << 20;
+const CHUNK: usize = 256 << 10;
 
 type Chunk = io::Result<Vec<u8>>;
 
