@@ -131,8 +131,8 @@ pub trait TreeRecords: Send + Sync {
     /// Whether the capture before saw a file with this stamp: its contents are then
     /// left unread (a hint: a wrong answer costs reading it later, or now).
     fn seen(&self, stamp: &FileStamp) -> bool;
-    /// The compressed member recorded for `fingerprint`, checked against its recorded
-    /// digest, and that digest and its key.
+    /// The compressed member recorded for `fingerprint`, checked against damage (see
+    /// `crate::members::tree`), and its digest and key.
     fn recorded(&self, fingerprint: &[u8; 32]) -> Option<Compressed>;
     /// Records for the next capture that the member of `fingerprint`, holding
     /// `length` bytes of data whose files had `stamps`, is `member`.

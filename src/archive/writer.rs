@@ -491,7 +491,8 @@ fn stamp(stat: &rfs::Stat) -> Option<FileStamp> {
 
 /// The tree's files, opened again by path when contents left unread are needed after
 /// all: each directory beneath the root without following links, the file with
-/// `O_NOFOLLOW`, and used only if it is still the stamped inode.
+/// `O_NOFOLLOW`, so that nothing outside the tree is read. A file that is no longer
+/// the stamped one is read all the same (the member is then not recorded).
 struct TreeFiles {
     root: std::os::fd::OwnedFd,
 }
@@ -504,12 +505,16 @@ impl UnreadSource for TreeFiles {
         len: usize,
         out: &mut Vec<u8>,
     ) -> io::Result<bool> {
+        let shown = display_path(&file.path);
+        let err =
+            |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} {shown}: {e}"));
         let mut names: Vec<&[u8]> = file.path.split(|&b| b == b'/').collect();
         let name = names.pop().unwrap_or_default();
         let mut dir = self.root.try_clone()?;
         let mut taken = 0;
         while taken < names.len() {
-            let (next, n) = beneath::open_dirs_beneath(&dir, &names[taken..])?;
+            let (next, n) = beneath::open_dirs_beneath(&dir, &names[taken..])
+                .map_err(|e| err("open the directory of", e))?;
             dir = next;
             taken += n;
         }
@@ -518,14 +523,16 @@ impl UnreadSource for TreeFiles {
             OsStr::from_bytes(name),
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
             Mode::empty(),
-        )?;
-        let stat = rfs::fstat(&fd)?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
-            || (stat.st_dev, stat.st_ino) != (file.stamp.dev, file.stamp.ino)
-        {
+        )
+        .map_err(|e| err("open again", e.into()))?;
+        let stat = rfs::fstat(&fd).map_err(|e| err("stat", e.into()))?;
+        // Another file under the name (an editor saves by renaming a new file over
+        // the old) is read as a capture reads a file that changes under it: its bytes
+        // now, and the member is not recorded. Something else than a file is an error,
+        // as a file that changes type is.
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
             return Err(io::Error::other(format!(
-                "{} was replaced while it was being archived",
-                display_path(&file.path)
+                "{shown} changed type while it was being archived"
             )));
         }
         let start = out.len();
@@ -534,9 +541,9 @@ impl UnreadSource for TreeFiles {
             .map_err(|e| match e.kind() {
                 io::ErrorKind::UnexpectedEof => io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    "the file shrank while it was being archived",
+                    format!("{shown} shrank while it was being archived"),
                 ),
-                _ => e,
+                _ => err("read", e),
             })?;
         Ok(stamp(&stat) == Some(file.stamp))
     }

@@ -15,7 +15,8 @@
 //!
 //! Invariants:
 //! - the archive does not depend on the records: a member is taken by fingerprint only
-//!   when the member cache holds a file of the recorded length and xxh3-128, which is
+//!   when the member cache holds a file of the recorded length and checksum (xxh3-128
+//!   of its bytes, key and digest), which is
 //!   what the member was when this cache made or checked it (damage is what this
 //!   guards against: see the README's security model), so a missing, damaged,
 //!   stale or planted records file or member costs reading the files again, never
@@ -41,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use rustix::fs::{self as rfs, AtFlags};
 use sha2::{Digest, Sha256};
 
-use super::store::{MIN_KEPT, MemberCache};
+use super::store::{MIN_KEPT, MemberCache, member_check};
 use crate::archive::gz::{Compressed, FileStamp, TreeRecords};
 
 const MAGIC: &[u8] = b"ckptfs tree v1\n";
@@ -59,8 +60,8 @@ struct Recorded {
     key: [u8; 32],
     digest: [u8; 32],
     length: u64,
-    /// The xxh3-128 of the compressed bytes: what finds a damaged member quickly
-    /// (the SHA-256 above names the member in layouts).
+    /// Finds a damaged member or record quickly ([`member_check`]; the SHA-256 above
+    /// names the member in layouts).
     check: u128,
     data_length: u64,
     /// The member, when the member cache does not keep members so small.
@@ -203,9 +204,9 @@ impl TreeRecords for TreeMembers {
         let r = self.before.members.get(fingerprint)?;
         let bytes = match &r.inline {
             Some(bytes) => (bytes.len() as u64 == r.length
-                && xxhash_rust::xxh3::xxh3_128(bytes) == r.check)
+                && member_check(bytes, &r.key, &r.digest) == r.check)
                 .then(|| bytes.clone())?,
-            None => self.cache.recorded(&r.key, r.length, r.check)?,
+            None => self.cache.recorded(&r.key, &r.digest, r.length, r.check)?,
         };
         self.taken.fetch_add(1, Ordering::Relaxed);
         let stats = &self.cache.stats;
@@ -235,7 +236,7 @@ impl TreeRecords for TreeMembers {
                 key: member.key,
                 digest: member.digest,
                 length: member.bytes.len() as u64,
-                check: xxhash_rust::xxh3::xxh3_128(&member.bytes),
+                check: member_check(&member.bytes, &member.key, &member.digest),
                 data_length: length,
                 inline: (member.bytes.len() < MIN_KEPT).then(|| member.bytes.clone()),
             },

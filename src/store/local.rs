@@ -137,32 +137,62 @@ impl LocalStore {
         Ok(tmp.into_temp_path())
     }
 
-    /// A temporary name in the store directory for the file at `path` itself, hard-linked
-    /// and fsynced, when it is a regular file on the store's filesystem (a put's archive
-    /// written in a temporary directory of the same disk): the object is then written
-    /// once, not copied. `None` where a link cannot be made (another filesystem).
-    fn linked_temp(&self, path: &Path) -> Option<tempfile::TempPath> {
+    /// A temporary name in the store directory for `source` itself, hard-linked and
+    /// fsynced, when it is on the store's filesystem (a put's archive written in a
+    /// temporary directory of the same disk): the object is then written once, not
+    /// copied. The link is made from the open descriptor (`/proc/self/fd`), never by
+    /// the archive's path, and checked to be that inode: a name swapped meanwhile in a
+    /// shared temporary directory cannot put another file in the store. `None` where
+    /// a link cannot be made (another filesystem, no `/proc`).
+    fn linked_temp(&self, source: &File) -> Option<tempfile::TempPath> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        if !fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
-            return None;
-        }
         let name = self.dir.join(format!(
             "{TEMP_PREFIX}link-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        fs::hard_link(path, &name).ok()?;
+        rustix::fs::linkat(
+            rustix::fs::CWD,
+            format!("/proc/self/fd/{}", source.as_raw_fd()),
+            rustix::fs::CWD,
+            &name,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        )
+        .ok()?;
         let Ok(linked) = tempfile::TempPath::try_from_path(&name) else {
             let _ = fs::remove_file(&name);
             return None;
         };
-        // What was linked must be a regular file (a name swapped for a symlink in
-        // between would have linked the symlink): checked on the link itself.
-        if !fs::symlink_metadata(&linked).is_ok_and(|m| m.is_file()) {
+        let (want, got) = (source.metadata().ok()?, fs::symlink_metadata(&linked).ok()?);
+        if !got.is_file() || (got.dev(), got.ino()) != (want.dev(), want.ino()) {
             return None;
         }
-        File::open(&linked).and_then(|f| f.sync_all()).ok()?;
+        source.sync_all().ok()?;
         Some(linked)
+    }
+
+    /// Opens the archive to store: a regular file of this user, not through a
+    /// symlink. Everything after reads it through this descriptor.
+    fn open_archive(path: &Path) -> Result<File, StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let file = open_regular(path).map_err(|e| StoreError::io("open", path, e))?;
+        let owner = file
+            .metadata()
+            .map_err(|e| StoreError::io("stat", path, e))?
+            .uid();
+        if owner != rustix::process::geteuid().as_raw() {
+            return Err(StoreError::io(
+                "open",
+                path,
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("the archive belongs to uid {owner}, not to this user: replaced"),
+                ),
+            ));
+        }
+        Ok(file)
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {
@@ -317,15 +347,15 @@ impl ObjectStore for LocalStore {
         }
         let doc = encode_sidecar(metadata);
         let sidecar_tmp = self.temp_file(|f| f.write_all(doc.as_bytes()))?;
-        let object_tmp = match self.linked_temp(path) {
+        let source = Self::open_archive(path)?;
+        let object_tmp = match self.linked_temp(&source) {
             Some(linked) => {
-                let size = linked.metadata().map_or(0, |m| m.len());
+                let size = source.metadata().map_or(0, |m| m.len());
                 progress(size, size);
                 linked
             }
             None => self.temp_file(|f| {
-                let mut src = File::open(path)?;
-                let copied = io::copy(&mut src, f)?;
+                let copied = io::copy(&mut &source, f)?;
                 progress(copied, copied);
                 Ok(())
             })?,
@@ -436,8 +466,9 @@ mod tests {
         assert!(decode_sidecar("not json").is_err());
     }
 
-    /// An archive on the store's filesystem is linked into the store, not copied; a
-    /// symlink or a file elsewhere is copied. Either way the object holds the bytes.
+    /// An archive on the store's filesystem is linked into the store, not copied; one
+    /// elsewhere is copied; a symlink, or a file of another user (a name swapped in a
+    /// shared temporary directory), is refused.
     #[test]
     fn a_put_links_a_file_of_the_same_filesystem_and_copies_anything_else() {
         use std::os::unix::fs::MetadataExt;
@@ -447,29 +478,36 @@ mod tests {
         let archive = dir.path().join("archive");
         fs::write(&archive, b"archive bytes").unwrap();
         let put = |name: &str, path: &Path| {
-            store
-                .put(name, path, &BTreeMap::new(), PutMode::IfAbsent, &|_, _| {})
-                .unwrap()
+            store.put(name, path, &BTreeMap::new(), PutMode::IfAbsent, &|_, _| {})
         };
+        let object = |name: &str| dir.path().join("store").join(name);
         let linked = format!("{}.tar.gz", "a".repeat(64));
-        assert_eq!(put(&linked, &archive), PutOutcome::Stored);
-        let object = dir.path().join("store").join(&linked);
-        assert_eq!(fs::read(&object).unwrap(), b"archive bytes");
+        assert_eq!(put(&linked, &archive).unwrap(), PutOutcome::Stored);
+        assert_eq!(fs::read(object(&linked)).unwrap(), b"archive bytes");
         assert_eq!(
-            fs::metadata(&object).unwrap().ino(),
+            fs::metadata(object(&linked)).unwrap().ino(),
             fs::metadata(&archive).unwrap().ino()
         );
+        if let Ok(elsewhere) = tempfile::tempdir_in("/dev/shm") {
+            let other = elsewhere.path().join("archive");
+            fs::write(&other, b"other bytes").unwrap();
+            let copied = format!("{}.tar.gz", "b".repeat(64));
+            assert_eq!(put(&copied, &other).unwrap(), PutOutcome::Stored);
+            assert_eq!(fs::read(object(&copied)).unwrap(), b"other bytes");
+            assert_eq!(fs::metadata(object(&copied)).unwrap().nlink(), 1);
+        }
         let symlink = dir.path().join("link");
         std::os::unix::fs::symlink(&archive, &symlink).unwrap();
-        let copied = format!("{}.tar.gz", "b".repeat(64));
-        assert_eq!(put(&copied, &symlink), PutOutcome::Stored);
-        let object = dir.path().join("store").join(&copied);
-        assert!(fs::symlink_metadata(&object).unwrap().is_file());
-        assert_ne!(
-            fs::metadata(&object).unwrap().ino(),
-            fs::metadata(&archive).unwrap().ino()
-        );
-        assert_eq!(fs::read(&object).unwrap(), b"archive bytes");
+        let refused = format!("{}.tar.gz", "c".repeat(64));
+        assert!(put(&refused, &symlink).is_err());
+        if rustix::process::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            fs::write(&theirs, b"their bytes").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = put(&refused, &theirs).unwrap_err();
+            assert!(err.to_string().contains("uid 65534"), "{err}");
+        }
+        assert!(!object(&refused).exists());
         // No temporary name is left.
         let left: Vec<_> = fs::read_dir(dir.path().join("store"))
             .unwrap()

@@ -152,6 +152,20 @@ fn damaged_members_or_records_cost_reading_never_other_bytes() {
         .collect();
     assert_eq!(records.len(), 1);
     let good = fs::read(&records[0]).unwrap();
+    // One byte of a member's recorded digest, then of its key: that member is made
+    // again from its files, the others are taken.
+    let stamps = u64::from_le_bytes(good[MAGIC.len()..MAGIC.len() + 8].try_into().unwrap());
+    let member = MAGIC.len() + 8 + stamps as usize * STAMP + 8;
+    for field in [64, 32] {
+        let mut bad = good.clone();
+        bad[member + field + 5] ^= 1;
+        fs::write(&records[0], bad).unwrap();
+        let again = capture(&tree, &cache);
+        assert_eq!(again.archive, first.archive);
+        assert_eq!(again.unread, total);
+        assert!(again.read_again > 0, "a damaged record was used");
+        fs::write(&records[0], &good).unwrap();
+    }
     for bad in [
         good[..good.len() / 2].to_vec(),
         [&good[..], b"trailing"].concat(),
