@@ -398,6 +398,11 @@ pub struct PutArgs {
     /// follows the chain.
     #[arg(long, value_name = "CHECKPOINT")]
     pub parent: Option<String>,
+    /// Files changed less than this many seconds before the put are read whatever the
+    /// last put of DIR saw of them: writes through a memory mapping can leave a file's
+    /// times as they were until the kernel writes its pages back (about 30 s on ext4).
+    #[arg(long, default_value = "60", value_parser = parse_seconds, value_name = "SECONDS", env = "CKPTFS_PUT_SETTLE")]
+    pub settle: Duration,
 }
 
 const MEMBER_CACHE_HELP: &str = "Bound on the compressed pieces of earlier captures kept in \

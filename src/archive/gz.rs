@@ -131,6 +131,9 @@ pub trait TreeRecords: Send + Sync {
     /// Whether the capture before saw a file with this stamp: its contents are then
     /// left unread (a hint: a wrong answer costs reading it later, or now).
     fn seen(&self, stamp: &FileStamp) -> bool;
+    /// How long before the capture a change makes a file read whatever its stamp (at
+    /// least the writer's own bound for racy files).
+    fn settle(&self) -> std::time::Duration;
     /// The compressed member recorded for `fingerprint`, checked against damage (see
     /// `crate::members::tree`), and its digest and key.
     fn recorded(&self, fingerprint: &[u8; 32]) -> Option<Compressed>;

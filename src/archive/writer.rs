@@ -428,8 +428,9 @@ impl Walk {
         entry_boundary(builder, path, size)?;
         let tee = builder.get_mut();
         tee.write_all(&headers).map_err(io_error("archive", path))?;
-        let stamp = stamp(&stat).filter(|_| size > 0 && self.settled(&stat));
         let records = tee.gz.records();
+        let stamp = stamp(&stat)
+            .filter(|_| size > 0 && records.is_some_and(|r| self.settled(&stat, r.settle())));
         match stamp {
             Some(stamp) if tee.copy.is_none() && records.is_some_and(|r| r.seen(&stamp)) => {
                 drop(fd);
@@ -459,9 +460,11 @@ impl Walk {
     }
 
     /// Whether a file's times are old enough for its stamp to stand for its contents.
-    fn settled(&self, stat: &rfs::Stat) -> bool {
+    /// `settle` is how long before the capture a change still makes a file read (at
+    /// least [`RACY`], or [`RACY_COARSE`] for times without nanoseconds).
+    fn settled(&self, stat: &rfs::Stat, settle: Duration) -> bool {
         let coarse = stat.st_mtime_nsec == 0 && stat.st_ctime_nsec == 0;
-        let recent = self.start - if coarse { RACY_COARSE } else { RACY };
+        let recent = self.start - settle.max(if coarse { RACY_COARSE } else { RACY });
         let time = |secs: i64, nanos: i64| {
             SystemTime::UNIX_EPOCH.checked_add(Duration::new(
                 secs.max(0) as u64,

@@ -64,6 +64,9 @@ pub struct PutOptions<'a> {
     pub members: Option<std::sync::Arc<crate::members::store::MemberCache>>,
     /// The checkpoint this one was made from, recorded in its metadata.
     pub parent: Option<CheckpointId>,
+    /// Files changed this long before a put are read whatever the last capture of
+    /// the directory saw of them (`put --settle`; a seal reads every file).
+    pub settle: std::time::Duration,
 }
 
 /// Archives `dir` and stores it, unless the same checkpoint is already there.
@@ -75,7 +78,7 @@ pub fn put(
 ) -> Result<PutReport, CheckpointError> {
     let root = open_tree(dir)?;
     let tree = options.members.as_ref().and_then(|members| {
-        TreeMembers::open(Arc::clone(members), dir, &root)
+        TreeMembers::open(Arc::clone(members), dir, &root, options.settle)
             .inspect_err(
                 |e| tracing::debug!(error = %e, "no records of this tree: every file is read"),
             )

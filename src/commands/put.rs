@@ -47,6 +47,7 @@ pub(super) fn run(cli: &Cli, args: &PutArgs) -> Result<i32> {
             threads: compression_threads(),
             members: members.clone(),
             parent,
+            settle: args.settle,
         },
         &|done, total| {
             archiving.lock().expect("spinner lock").take();

@@ -374,6 +374,8 @@ impl Sealer {
             threads: self.config.threads,
             members: self.config.members.clone(),
             parent: parent.clone(),
+            // A seal keeps no records: it reads and indexes every file.
+            settle: std::time::Duration::ZERO,
         };
         // The uncompressed tar stream is indexed into the cache on a second thread as
         // it is written: the new checkpoint is then served from the very bytes that

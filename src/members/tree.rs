@@ -38,6 +38,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rustix::fs::{self as rfs, AtFlags};
 use sha2::{Digest, Sha256};
@@ -80,6 +81,8 @@ pub struct TreeMembers {
     cache: Arc<MemberCache>,
     name: String,
     before: Records,
+    /// Files changed this long before the capture are read (see `put --settle`).
+    settle: Duration,
     now: Mutex<Records>,
     /// File bytes the walk left unread, and those read after all.
     pub unread: AtomicU64,
@@ -95,7 +98,12 @@ fn stamp_hash(stamp: &FileStamp) -> u128 {
 impl TreeMembers {
     /// The records of the directory at `path` (opened as `root`); none if there are
     /// none or they cannot be read.
-    pub fn open(cache: Arc<MemberCache>, path: &Path, root: impl AsFd) -> io::Result<TreeMembers> {
+    pub fn open(
+        cache: Arc<MemberCache>,
+        path: &Path,
+        root: impl AsFd,
+        settle: Duration,
+    ) -> io::Result<TreeMembers> {
         let stat = rfs::fstat(root)?;
         let canonical = std::fs::canonicalize(path)?;
         let mut id = Sha256::new();
@@ -112,6 +120,7 @@ impl TreeMembers {
             cache,
             name,
             before,
+            settle,
             now: Mutex::new(Records::default()),
             unread: AtomicU64::new(0),
             read_again: AtomicU64::new(0),
@@ -198,6 +207,10 @@ impl TreeRecords for TreeMembers {
             self.unread.fetch_add(stamp.size, Ordering::Relaxed);
         }
         seen
+    }
+
+    fn settle(&self) -> Duration {
+        self.settle
     }
 
     fn recorded(&self, fingerprint: &[u8; 32]) -> Option<Compressed> {

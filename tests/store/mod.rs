@@ -1098,11 +1098,11 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
     let big = random_bytes(3 << 20, 7);
     total += big.len() as u64;
     write_file(&src.join("pkg2/blob.bin"), &big, 0o644);
-    // Files changed within the last seconds are always read (their stamp could stay
-    // the same through a second change): let these settle.
-    std::thread::sleep(std::time::Duration::from_millis(3300));
+    // Files changed within `--settle` of a put are always read (their stamp could
+    // stay the same through a second change): let these settle.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     let cache = work.path().join("cache");
-    let put = |tree: &Path| put_cached(store, tree, &cache, &[]);
+    let put = |tree: &Path| put_cached(store, tree, &cache, &["--settle", "1"]);
     let first = put(&src);
     assert_eq!(logged_count(&first.stderr, "unread"), 0, "{first}");
 
@@ -1127,7 +1127,7 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
     write_file(&src.join("pkg1/new.txt"), b"new\n", 0o644);
     fs::remove_file(src.join("pkg5/f19.txt")).unwrap();
     // Settled again, so that only the change time tells the edit.
-    std::thread::sleep(std::time::Duration::from_millis(3300));
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     let third = put(&src);
     let (sha, size) = parse_put_output(&third);
     let unread = logged_count(&third.stderr, "unread");
@@ -1155,6 +1155,11 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
         .arg(&restored))
     .success();
     assert_same_tree(&src, &restored);
+
+    // With the default `--settle` (60 s), files changed seconds ago are all read.
+    let careful = put_cached(store, &src, &cache, &[]);
+    assert_eq!(logged_count(&careful.stderr, "unread"), 0, "{careful}");
+    assert_eq!(parse_put_output(&careful), (sha, size));
 }
 
 /// A turn that changes one file of 60 sends about S3's minimum part around the change

@@ -472,19 +472,26 @@ fn recently_changed_files_are_not_taken_by_their_stamp() {
     };
     let changed =
         SystemTime::UNIX_EPOCH + Duration::new(stat.st_ctime as u64, stat.st_ctime_nsec as u32);
-    assert!(!walk_at(changed).settled(&stat));
-    assert!(!walk_at(changed + RACY / 2).settled(&stat));
+    assert!(!walk_at(changed).settled(&stat, Duration::ZERO));
+    assert!(!walk_at(changed + RACY / 2).settled(&stat, Duration::ZERO));
     let fine = stat.st_ctime_nsec != 0 || stat.st_mtime_nsec != 0;
-    assert_eq!(walk_at(changed + RACY * 2).settled(&stat), fine);
-    assert!(walk_at(changed + RACY_COARSE * 2).settled(&stat));
+    assert_eq!(
+        walk_at(changed + RACY * 2).settled(&stat, Duration::ZERO),
+        fine
+    );
+    assert!(walk_at(changed + RACY_COARSE * 2).settled(&stat, Duration::ZERO));
+    // A longer settling time asked for is kept.
+    let minute = Duration::from_secs(60);
+    assert!(!walk_at(changed + RACY_COARSE * 2).settled(&stat, minute));
+    assert!(walk_at(changed + minute * 2).settled(&stat, minute));
     // Whole seconds only.
     let mut coarse = stat;
     coarse.st_ctime_nsec = 0;
     coarse.st_mtime_nsec = 0;
     let second = SystemTime::UNIX_EPOCH + Duration::from_secs(stat.st_ctime as u64);
-    assert!(!walk_at(second + RACY * 2).settled(&coarse));
-    assert!(!walk_at(second + RACY_COARSE - RACY).settled(&coarse));
-    assert!(walk_at(second + RACY_COARSE * 2).settled(&coarse));
+    assert!(!walk_at(second + RACY * 2).settled(&coarse, Duration::ZERO));
+    assert!(!walk_at(second + RACY_COARSE - RACY).settled(&coarse, Duration::ZERO));
+    assert!(walk_at(second + RACY_COARSE * 2).settled(&coarse, Duration::ZERO));
     // An old modification time does not hide a recent change.
     let old = SystemTime::now() - Duration::from_secs(3600);
     File::options()
@@ -493,7 +500,7 @@ fn recently_changed_files_are_not_taken_by_their_stamp() {
         .unwrap()
         .set_modified(old)
         .unwrap();
-    assert!(!walk_at(SystemTime::now()).settled(&rfs::stat(&file).unwrap()));
+    assert!(!walk_at(SystemTime::now()).settled(&rfs::stat(&file).unwrap(), Duration::ZERO));
 }
 
 /// Contents left unread are read again beneath the root only: another file under the

@@ -170,6 +170,7 @@ fn hard_links_share_one_inode_and_count_their_names() {
         threads: 1,
         members: None,
         parent: None,
+        settle: std::time::Duration::ZERO,
     };
     checkpoint::put(&store, tree.path(), &options, &|_, _| {}).unwrap();
     let (f, _) = fixture(&[]);

@@ -188,6 +188,7 @@ pub fn put_tree(store_dir: &Path, files: &[(&str, &[u8])]) -> CheckpointId {
         threads: 1,
         members: None,
         parent: None,
+        settle: std::time::Duration::ZERO,
     };
     checkpoint::put(&store, tree.path(), &options, &|_, _| {})
         .unwrap()

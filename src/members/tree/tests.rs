@@ -17,7 +17,10 @@ fn text(lines: u64, seed: u64) -> Vec<u8> {
         .into_bytes()
 }
 
-/// A tree of 60 small files and one of 2 MiB, settled (see the writer's `RACY`).
+/// How long before a capture a change makes a file read, here (`put --settle`).
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// A tree of 60 small files and one of 2 MiB, settled (see [`SETTLE`]).
 fn settled_tree(root: &Path) -> u64 {
     let mut total = 0;
     for d in 0..3u64 {
@@ -31,7 +34,7 @@ fn settled_tree(root: &Path) -> u64 {
     let big = text(90_000, 5);
     total += big.len() as u64;
     fs::write(root.join("d1/big"), big).unwrap();
-    std::thread::sleep(Duration::from_millis(3300));
+    std::thread::sleep(SETTLE * 2);
     total
 }
 
@@ -57,7 +60,7 @@ fn capture(tree: &Path, cache: &Path) -> Capture {
     fs::create_dir_all(cache).unwrap();
     let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
     let root = fs::File::open(tree).unwrap();
-    let records = Arc::new(TreeMembers::open(Arc::clone(&members), tree, &root).unwrap());
+    let records = Arc::new(TreeMembers::open(Arc::clone(&members), tree, &root, SETTLE).unwrap());
     let mut archive = Vec::new();
     write_archive(
         root.as_fd(),
