@@ -14,7 +14,9 @@
 # BENCHMARKS.md, section 6.
 #
 # Environment: BENCH_MB (default 300), BENCH_FILES (6000), BENCH_TURNS (5), BENCH_DIR,
-# BENCH_KEEP=1, CKPTFS_BIN (as scripts/bench-turns.sh).
+# BENCH_KEEP=1, CKPTFS_BIN (as scripts/bench-turns.sh); BENCH_SETTLE, the turns' puts'
+# --settle (default: put's own, 60 s, so that a turn also reads again the files the
+# turns of the last minute changed; the turns here come seconds apart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/bench.sh
@@ -37,9 +39,9 @@ mkdir -p "$STORE" "$TMPD"
 log "generating a source-like tree: $BENCH_MB MiB, $BENCH_FILES files"
 "$CKPTFS_VENV/bin/python" scripts/lib/gen_corpus.py source "$TREE" --mb "$BENCH_MB" --files "$BENCH_FILES"
 TREE_FILES="$(wc -l <"$TREE.files")"
-# A workspace's files are older than the few seconds in which a put reads a file
-# whatever its stamp says (the generator just set every file's times).
-sleep 4
+# A workspace's files are older than the seconds in which a put reads a file whatever
+# its stamp says (the generator just set every file's times).
+sleep "$(( ${BENCH_SETTLE:-60} + 2 ))"
 
 settle() { sync -f "$WORK" 2>/dev/null || sync; }
 file_bytes() { find "$TREE" -type f -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }'; }
@@ -63,7 +65,7 @@ ck_put() {
 turn_put() {
     local key="$1" sha bytes unread again
     bytes="$(file_bytes)"
-    sha="$(ck_put "$key" --cache-dir "$WORK/cache")"
+    sha="$(ck_put "$key" --cache-dir "$WORK/cache" ${BENCH_SETTLE:+--settle "$BENCH_SETTLE"})"
     unread="$(logged unread "$WORK/put.err")"
     again="$(logged read_again "$WORK/put.err")"
     record "${key}_read" "$(awk -v b="$bytes" -v u="${unread:-0}" -v a="${again:-0}" 'BEGIN { printf "%.4f", (b - u + a) / b }')"
@@ -124,7 +126,7 @@ f2() { awk -v x="$1" 'BEGIN { printf "%.2f", x }'; }
 echo
 echo "### Turn N+1: put to a local directory store after a 1% change, vs a full put"
 echo
-echo "Workspace: $TREE_FILES files, $(human "$(file_bytes)") (source-like, seed 42); $BENCH_TURNS turns," \
+echo "Workspace: $TREE_FILES files, $(human "$(file_bytes)") (source-like, seed 42); \`--settle ${BENCH_SETTLE:-60}\`; $BENCH_TURNS turns," \
     "each editing 1% of the files and adding and removing 3, then one whose changes sit" \
     "together. Medians over the turns; ratios are to the full put (\`--member-cache-size 0\`) of the same tree."
 echo "Machine: $(machine_line)."
