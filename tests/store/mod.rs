@@ -1076,8 +1076,9 @@ fn a_turn_compresses_only_what_changed(store: &TestStore) {
 /// A put of a directory captured before leaves unread the files whose stamp (inode,
 /// size, times) the last capture saw, taking their members as it recorded them, and
 /// writes the object a put without any cache writes. A changed file is read (also one
-/// whose modification time was set back: its change time moved), and so are the
-/// unchanged files that share its member; what was removed or added is seen.
+/// whose modification time was set back: its change time moved, and one replaced by a
+/// file of the same size and time: another inode), and so are the unchanged files
+/// that share its member; what was removed or added is seen.
 fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
     let work = temp_dir();
     let src = work.path().join("src");
@@ -1124,6 +1125,20 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
         .unwrap()
         .set_modified(mtime)
         .unwrap();
+    // Another replaced by a new file of the same size and modification time, renamed
+    // over it (a new inode).
+    let replaced = src.join("pkg0/f03.txt");
+    let mut other = fs::read(&replaced).unwrap();
+    other[10] ^= 1;
+    let fresh = src.join("pkg0/.f03.new");
+    fs::write(&fresh, &other).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&fresh)
+        .unwrap()
+        .set_modified(fs::metadata(&replaced).unwrap().modified().unwrap())
+        .unwrap();
+    fs::rename(&fresh, &replaced).unwrap();
     write_file(&src.join("pkg1/new.txt"), b"new\n", 0o644);
     fs::remove_file(src.join("pkg5/f19.txt")).unwrap();
     // Settled again, so that only the change time tells the edit.
@@ -1132,7 +1147,7 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
     let (sha, size) = parse_put_output(&third);
     let unread = logged_count(&third.stderr, "unread");
     let read_again = logged_count(&third.stderr, "read_again");
-    // The three changes sit in three groups of files (members of up to a MiB, in a
+    // The four changes sit in four groups of files (members of up to a MiB, in a
     // tree of 9 MiB): the unchanged files of those groups are read again.
     assert!(
         unread > total * 8 / 10 && read_again < total / 2,

@@ -148,6 +148,13 @@ fn damaged_members_or_records_cost_reading_never_other_bytes() {
     let damaged = capture(&tree, &cache);
     assert_eq!(damaged.archive, first.archive);
     assert!(damaged.read_again > total / 2, "{}", damaged.read_again);
+    // Deleted: the same.
+    for member in member_files(&cache) {
+        fs::remove_file(member).unwrap();
+    }
+    let deleted = capture(&tree, &cache);
+    assert_eq!(deleted.archive, first.archive);
+    assert!(deleted.read_again > total / 2, "{}", deleted.read_again);
 
     let records: Vec<_> = fs::read_dir(member_files(&cache)[0].parent().unwrap().join("trees"))
         .unwrap()
