@@ -998,6 +998,17 @@ fn put_cached(store: &TestStore, tree: &Path, cache: &Path, extra: &[&str]) -> O
     .success()
 }
 
+/// The digest and size of a put of `tree` without any cache, to a store of its own.
+fn uncached_put(tree: &Path) -> (String, u64) {
+    let out = run(ckptfs()
+        .arg("put")
+        .arg(TestStore::local().url())
+        .arg(tree)
+        .args(["--member-cache-size", "0"]))
+    .success();
+    parse_put_output(&out)
+}
+
 /// A second capture after a small change takes every unchanged gzip member from the
 /// member cache of the first, and writes the same bytes as a capture without it:
 /// restored by `get` and by `tar -xzf` alike.
@@ -1154,14 +1165,7 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
         "{total} bytes, {unread} left unread, {read_again} read after all: {third}"
     );
 
-    let other = TestStore::local();
-    let out = run(ckptfs()
-        .arg("put")
-        .arg(other.url())
-        .arg(&src)
-        .args(["--member-cache-size", "0"]))
-    .success();
-    assert_eq!(parse_put_output(&out), (sha.clone(), size), "{out}");
+    assert_eq!(uncached_put(&src), (sha.clone(), size));
     let restored = work.path().join("restored");
     run(ckptfs()
         .arg("get")
@@ -1210,14 +1214,7 @@ fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
     );
     assert_eq!(sent + copied, size, "{out}");
     assert!(sent <= 10 << 20 && copied >= 8 << 20, "{out}");
-    let same = TestStore::local();
-    let out = run(ckptfs()
-        .arg("put")
-        .arg(same.url())
-        .arg(&tree)
-        .args(["--member-cache-size", "0"]))
-    .success();
-    assert_eq!(parse_put_output(&out), (second.clone(), size), "{out}");
+    assert_eq!(uncached_put(&tree), (second.clone(), size));
     let restored = work.path().join("restored");
     store.get(&second, &restored);
     assert_same_tree(&tree, &restored);
