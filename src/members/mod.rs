@@ -6,14 +6,17 @@
 //! on each side of the store:
 //! - capturing ([`store`]): members compressed before are kept on disk by the SHA-256
 //!   of their data and taken instead of being compressed again, and the layouts of
-//!   recent objects let the store copy the ranges it already holds;
+//!   recent objects let the store copy the ranges it already holds; a put also keeps
+//!   what it saw of each file of the directory ([`tree`]), so that the next put of it
+//!   takes the members of unchanged files without reading them;
 //! - loading ([`records`], [`recorder`], [`reader`]): a cache entry records how to
 //!   rebuild, from its own files, the tar bytes of each member it inflated, and the
 //!   next load rebuilds a member whose compressed bytes match instead of inflating it.
 //!
 //! Neither side changes what is written or what is checked: a member is reused only
-//! when its bytes are proven to be the ones it stands for, and a missing, damaged or
-//! planted file here costs time, never a wrong byte.
+//! when its bytes are proven to be the ones it stands for (for [`tree`], by the
+//! files' stamps, as git's index does: the README says what a stamp cannot see), and
+//! a missing, damaged or planted file here costs time, never a wrong byte.
 //!
 //! # Loading turn N+1 knowing turn N
 //!
