@@ -5,28 +5,27 @@
 //!
 //! Layout: `<member cache>/<encoder>/trees/<name>`, `<name>` the first 32 hex digits of
 //! the SHA-256 of the directory's canonical path, device and inode (a directory made
-//! again at the same path is another tree). One file per tree: [`MAGIC`], the number
-//! of stamps (u64, little-endian) and the xxh3-128 of each (16 bytes), the number of
-//! members and, for each, its fingerprint, the SHA-256 of its data (its name in the
-//! member cache) and of its compressed bytes, the length of the compressed bytes and
-//! their xxh3-128, the length of the data, and the
-//! length and bytes of the member itself when it is too small for the member cache to
-//! keep ([`super::store::MIN_KEPT`]; else 0).
+//! again at the same path is another tree). One file per tree: [`MAGIC`]; the number
+//! of stamps (u64, little-endian) and the xxh3-128 of each; the number of members
+//! and, for each, its fingerprint, the SHA-256 of its data (its name in the member
+//! cache) and of its compressed bytes, the length of those, their checksum
+//! ([`member_check`]), the length of the data, and the length and bytes of the member
+//! itself when it is too small for the member cache to keep
+//! ([`super::store::MIN_KEPT`]; else 0).
 //!
 //! Invariants:
 //! - the archive does not depend on the records: a member is taken by fingerprint only
-//!   when the member cache holds a file of the recorded length and checksum (xxh3-128
-//!   of its bytes, key and digest), which is
-//!   what the member was when this cache made or checked it (damage is what this
-//!   guards against: see the README's security model), so a missing, damaged,
-//!   stale or planted records file or member costs reading the files again, never
-//!   other bytes. The cache is trusted as the mount's own cache is: as far as its
-//!   user, and checked against damage;
-//! - what a stamp cannot see is stated in the README: contents changed with the size,
-//!   times and inode left as they were (a filesystem that does not keep change times,
-//!   or a clock set back) are not read again. `--member-cache-size 0` reads all;
-//! - bounded: a records file larger than [`MAX_RECORDS`] is not read nor written, and
-//!   the [`TREES_KEPT`] trees captured last are kept;
+//!   when the member cache (or the record) holds bytes of the recorded length and
+//!   checksum, which is what the member was when this cache made or checked it, so a
+//!   missing, damaged, stale or planted records file or member costs reading the
+//!   files again, never other bytes. The cache is trusted as the mount's own cache
+//!   is: as far as its user, and checked against damage (README, "Security model");
+//! - a stamp stands for contents only once the file has not changed for the put's
+//!   `--settle` (the writer's `settled`); what a stamp cannot see even then (writes
+//!   through a long-lived mapping on tmpfs, a filesystem without change times, a
+//!   clock set back) is stated in the README, and `--member-cache-size 0` reads all;
+//! - bounded: a records file larger than [`MAX_RECORDS`] is neither read nor written,
+//!   and the [`TREES_KEPT`] trees captured last are kept;
 //! - written atomically once a capture stored its archive: a failed capture leaves the
 //!   records of the one before.
 
