@@ -25,7 +25,8 @@
 //!   through a long-lived mapping on tmpfs, a filesystem without change times, a
 //!   clock set back) is stated in the README, and `--member-cache-size 0` reads all;
 //! - bounded: a records file larger than [`MAX_RECORDS`] is neither read nor written,
-//!   and the [`TREES_KEPT`] trees captured last are kept;
+//!   a capture stops recording (and keeps nothing in memory) once its records would
+//!   pass it, and the [`TREES_KEPT`] trees captured last are kept;
 //! - written atomically once a capture stored its archive: a failed capture leaves the
 //!   records of the one before.
 
@@ -72,6 +73,11 @@ struct Recorded {
 struct Records {
     stamps: HashSet<u128>,
     members: HashMap<[u8; 32], Recorded>,
+    /// What they would take in a records file; past [`MAX_RECORDS`] this capture
+    /// records nothing more and keeps none (`overflow`), so that memory stays bounded
+    /// whatever the tree.
+    size: u64,
+    overflow: bool,
 }
 
 /// One directory's records: those of the capture before, read at the start, and those
@@ -130,9 +136,12 @@ impl TreeMembers {
     /// Replaces the tree's records with this capture's (call once its archive is
     /// stored), and forgets the trees captured longest ago.
     pub fn save(&self) -> io::Result<()> {
-        let bytes = encode(&self.now.lock().expect("records lock"));
-        if bytes.len() as u64 > MAX_RECORDS {
-            return Ok(());
+        let now = self.now.lock().expect("records lock");
+        let bytes = encode(&now);
+        if now.overflow || bytes.len() as u64 > MAX_RECORDS {
+            // Too large to keep: the next put reads every file, rather than use the
+            // records of an older tree.
+            return self.cache.remove_tree(&self.name);
         }
         self.cache.write_tree(&self.name, &bytes, TREES_KEPT)
     }
@@ -241,18 +250,33 @@ impl TreeRecords for TreeMembers {
         stamps: &[FileStamp],
     ) {
         let mut now = self.now.lock().expect("records lock");
-        now.stamps.extend(stamps.iter().map(stamp_hash));
-        now.members.insert(
-            fingerprint,
-            Recorded {
-                key: member.key,
-                digest: member.digest,
-                length: member.bytes.len() as u64,
-                check: member_check(&member.bytes, &member.key, &member.digest),
-                data_length: length,
-                inline: (member.bytes.len() < MIN_KEPT).then(|| member.bytes.clone()),
-            },
-        );
+        if now.overflow {
+            return;
+        }
+        for stamp in stamps {
+            if now.stamps.insert(stamp_hash(stamp)) {
+                now.size += STAMP as u64;
+            }
+        }
+        let inline = (member.bytes.len() < MIN_KEPT).then(|| member.bytes.clone());
+        let added = MEMBER as u64 + inline.as_ref().map_or(0, |m| m.len() as u64);
+        let recorded = Recorded {
+            key: member.key,
+            digest: member.digest,
+            length: member.bytes.len() as u64,
+            check: member_check(&member.bytes, &member.key, &member.digest),
+            data_length: length,
+            inline,
+        };
+        if now.members.insert(fingerprint, recorded).is_none() {
+            now.size += added;
+        }
+        if now.size > MAX_RECORDS {
+            *now = Records {
+                overflow: true,
+                ..Records::default()
+            };
+        }
     }
 
     fn read_again(&self, bytes: u64) {
@@ -287,6 +311,15 @@ impl MemberCache {
             .read_to_end(&mut bytes)
             .ok()?;
         (bytes.len() as u64 <= most).then_some(bytes)
+    }
+
+    /// Forgets the records of tree `name`.
+    fn remove_tree(&self, name: &str) -> io::Result<()> {
+        let dir = self.subdir("trees")?;
+        match rfs::unlinkat(&dir, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Writes the records of tree `name`, keeping the `kept` newest trees.

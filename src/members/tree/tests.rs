@@ -254,3 +254,45 @@ fn records_round_trip_and_stay_bounded() {
     huge.extend_from_slice(&u64::MAX.to_le_bytes());
     assert!(parse(&huge).is_none());
 }
+
+/// A capture whose records would pass their bound keeps none in memory and writes
+/// none, and forgets the older ones: the next capture reads every file.
+#[test]
+fn records_past_their_bound_are_dropped_not_kept() {
+    let work = private_dir();
+    let tree = work.path().join("tree");
+    settled_tree(&tree);
+    let cache = work.path().join("cache");
+    capture(&tree, &cache);
+    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
+    let root = fs::File::open(&tree).unwrap();
+    let records = TreeMembers::open(members, &tree, &root, SETTLE).unwrap();
+    let stamp = FileStamp {
+        dev: 1,
+        ino: 2,
+        size: 3,
+        mtime: (4, 5),
+        ctime: (6, 7),
+    };
+    let mut n = 0u64;
+    while !records.now.lock().unwrap().overflow {
+        let member = Compressed {
+            bytes: vec![7; MIN_KEPT - 1],
+            digest: [0; 32],
+            key: [0; 32],
+        };
+        let mut fingerprint = [0u8; 32];
+        fingerprint[..8].copy_from_slice(&n.to_le_bytes());
+        records.record(fingerprint, &member, 10, &[stamp]);
+        n += 1;
+        assert!(n < 10_000, "the records never reached their bound");
+    }
+    assert!(n * MIN_KEPT as u64 > MAX_RECORDS / 2, "{n} members");
+    {
+        let now = records.now.lock().unwrap();
+        assert!(now.members.is_empty() && now.stamps.is_empty());
+    }
+    records.save().unwrap();
+    let again = capture(&tree, &cache);
+    assert_eq!(again.unread, 0, "the records before were used");
+}
