@@ -19,9 +19,9 @@
 # --settle (default: put's own, 60 s, so that a turn also reads again the files the
 # turns of the last minute changed; the turns here come seconds apart);
 # BENCH_STORE=s3s: the store is s3s-fs on 127.0.0.1 (as the tests' second server:
-# built into REPO/.tmp/tools once), which copies parts in the store but vouches for
-# copied parts by MD5 only, so that a put with copies reads the object back: its
-# time is shown apart.
+# built into REPO/.tmp/tools once), which copies parts in the store; the time a put
+# spends reading back an object whose copied parts only an MD5 vouched for is shown
+# apart (s3s-fs 0.17 gives their SHA-256, so none is read back there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/bench.sh

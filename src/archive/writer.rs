@@ -421,13 +421,14 @@ impl Walk {
         header.set_size(size);
         // The header records as `append_data` makes them; the contents follow apart,
         // so that the compressor can be told whose they are, or not be given them.
+        self.headers.get_mut().clear();
         self.headers
             .append_data(&mut header, archive_name, io::empty())
             .map_err(io_error("archive", path))?;
-        let headers = std::mem::take(self.headers.get_mut());
         entry_boundary(builder, path, size)?;
         let tee = builder.get_mut();
-        tee.write_all(&headers).map_err(io_error("archive", path))?;
+        tee.write_all(self.headers.get_ref())
+            .map_err(io_error("archive", path))?;
         let records = tee.gz.records();
         let stamp = stamp(&stat)
             .filter(|_| size > 0 && records.is_some_and(|r| self.settled(&stat, r.settle())));
@@ -513,14 +514,8 @@ impl UnreadSource for TreeFiles {
             |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} {shown}: {e}"));
         let mut names: Vec<&[u8]> = file.path.split(|&b| b == b'/').collect();
         let name = names.pop().unwrap_or_default();
-        let mut dir = self.root.try_clone()?;
-        let mut taken = 0;
-        while taken < names.len() {
-            let (next, n) = beneath::open_dirs_beneath(&dir, &names[taken..])
-                .map_err(|e| err("open the directory of", e))?;
-            dir = next;
-            taken += n;
-        }
+        let dir = beneath::open_dir_path(self.root.as_fd(), &names)
+            .map_err(|e| err("open the directory of", e))?;
         let fd = rfs::openat(
             &dir,
             OsStr::from_bytes(name),

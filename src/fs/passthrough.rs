@@ -141,24 +141,10 @@ impl OpenReply for Created {
 
     fn passthrough(self, id: &BackingId) {
         let empty = FopenFlags::empty();
-        let Created {
-            reply,
-            ttl,
-            attr,
-            generation,
-            fh,
-        } = self;
-        reply.created_passthrough(&ttl, &attr, generation, fh, empty, id)
+        (self.reply).created_passthrough(&self.ttl, &self.attr, self.generation, self.fh, empty, id)
     }
 
     fn served(self, flags: FopenFlags) {
-        let Created {
-            reply,
-            ttl,
-            attr,
-            generation,
-            fh,
-        } = self;
-        reply.created(&ttl, &attr, generation, fh, flags)
+        (self.reply).created(&self.ttl, &self.attr, self.generation, self.fh, flags)
     }
 }

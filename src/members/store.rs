@@ -443,11 +443,7 @@ impl MemberCache {
             bytes.extend_from_slice(&member.digest);
             bytes.extend_from_slice(&member.length.to_le_bytes());
         }
-        write_atomically(&dir, object, &bytes)?;
-        for name in layout_files(&dir)?.into_iter().skip(LAYOUTS_KEPT) {
-            let _ = rfs::unlinkat(&dir, OsStr::from_bytes(&name), AtFlags::empty());
-        }
-        Ok(())
+        write_keeping_newest(&dir, object, &bytes, LAYOUTS_KEPT, is_object_name)
     }
 
     /// The ranges of an archive made of `members` that objects recorded here hold
@@ -516,7 +512,7 @@ impl MemberCache {
 }
 
 /// Writes `name` in `dir` whole or not at all.
-pub(super) fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
+fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let temp = format!(
         ".partial-{name}-{}-{}",
@@ -538,6 +534,43 @@ pub(super) fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::R
     renamed
 }
 
+/// Writes `name` in `dir` (atomically), then removes all but the `kept` newest of the
+/// files whose names `wanted` takes.
+pub(super) fn write_keeping_newest(
+    dir: &OwnedFd,
+    name: &str,
+    bytes: &[u8],
+    kept: usize,
+    wanted: impl Fn(&[u8]) -> bool,
+) -> io::Result<()> {
+    write_atomically(dir, name, bytes)?;
+    for old in newest_files(dir, wanted)?.into_iter().skip(kept) {
+        let _ = rfs::unlinkat(dir, OsStr::from_bytes(&old), AtFlags::empty());
+    }
+    Ok(())
+}
+
+/// The bytes of `name` in `dir` if it is a regular file of this user, opened without
+/// following a symlink (a FIFO planted there does not block), of at most `most` bytes.
+pub(super) fn read_own_file(dir: &OwnedFd, name: &OsStr, most: u64) -> Option<Vec<u8>> {
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = rfs::fstat(&fd).ok()?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+        || stat.st_uid != rustix::process::geteuid().as_raw()
+    {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    File::from(fd).take(most + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= most).then_some(bytes)
+}
+
 /// The layout files of `dir`, newest first (with partial ones left by a kill, which
 /// sort last and are removed as the oldest).
 fn layout_files(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
@@ -546,10 +579,7 @@ fn layout_files(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
 
 /// The files of `dir` whose names `wanted` takes, newest first (with partial ones left
 /// by a kill, which sort last and are removed as the oldest).
-pub(super) fn newest_files(
-    dir: &OwnedFd,
-    wanted: impl Fn(&[u8]) -> bool,
-) -> io::Result<Vec<Vec<u8>>> {
+fn newest_files(dir: &OwnedFd, wanted: impl Fn(&[u8]) -> bool) -> io::Result<Vec<Vec<u8>>> {
     let mut files = Vec::new();
     for (name, is_dir) in crate::beneath::list(dir)? {
         if is_dir || !(wanted(&name) || name.starts_with(b".partial-")) {
@@ -571,24 +601,7 @@ fn read_layout(dir: &OwnedFd, name: &[u8]) -> Option<Vec<MemberSpan>> {
     if !is_object_name(name) {
         return None;
     }
-    let fd = rfs::openat(
-        dir,
-        OsStr::from_bytes(name),
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let stat = rfs::fstat(&fd).ok()?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
-        || stat.st_uid != rustix::process::geteuid().as_raw()
-    {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    File::from(fd)
-        .take(MAX_LAYOUT + 1)
-        .read_to_end(&mut bytes)
-        .ok()?;
+    let bytes = read_own_file(dir, OsStr::from_bytes(name), MAX_LAYOUT)?;
     let records = bytes.strip_prefix(LAYOUT_MAGIC)?;
     if bytes.len() as u64 > MAX_LAYOUT || records.len() % LAYOUT_RECORD != 0 {
         return None;

@@ -32,7 +32,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -288,29 +288,7 @@ impl MemberCache {
     /// The records file of tree `name`, if it is a regular file of this user no larger
     /// than `most`.
     fn read_tree(&self, name: &str, most: u64) -> Option<Vec<u8>> {
-        let dir = self.subdir("trees").ok()?;
-        let fd = rfs::openat(
-            &dir,
-            name,
-            rfs::OFlags::RDONLY
-                | rfs::OFlags::NOFOLLOW
-                | rfs::OFlags::NONBLOCK
-                | rfs::OFlags::CLOEXEC,
-            rfs::Mode::empty(),
-        )
-        .ok()?;
-        let stat = rfs::fstat(&fd).ok()?;
-        if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::RegularFile
-            || stat.st_uid != rustix::process::geteuid().as_raw()
-        {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(most + 1)
-            .read_to_end(&mut bytes)
-            .ok()?;
-        (bytes.len() as u64 <= most).then_some(bytes)
+        super::store::read_own_file(&self.subdir("trees").ok()?, OsStr::new(name), most)
     }
 
     /// Forgets the records of tree `name`.
@@ -324,16 +302,8 @@ impl MemberCache {
 
     /// Writes the records of tree `name`, keeping the `kept` newest trees.
     fn write_tree(&self, name: &str, bytes: &[u8], kept: usize) -> io::Result<()> {
-        let dir = self.subdir("trees")?;
-        super::store::write_atomically(&dir, name, bytes)?;
         let is_tree = |n: &[u8]| n.len() == 32 && n.iter().all(u8::is_ascii_hexdigit);
-        for old in super::store::newest_files(&dir, is_tree)?
-            .into_iter()
-            .skip(kept)
-        {
-            let _ = rfs::unlinkat(&dir, OsStr::from_bytes(&old), AtFlags::empty());
-        }
-        Ok(())
+        super::store::write_keeping_newest(&self.subdir("trees")?, name, bytes, kept, is_tree)
     }
 }
 

@@ -1167,12 +1167,7 @@ fn a_turn_reads_only_the_files_that_changed(store: &TestStore) {
 
     assert_eq!(uncached_put(&src), (sha.clone(), size));
     let restored = work.path().join("restored");
-    run(ckptfs()
-        .arg("get")
-        .arg(store.url())
-        .arg(&sha)
-        .arg(&restored))
-    .success();
+    store.get(&sha, &restored);
     assert_same_tree(&src, &restored);
 
     // With the default `--settle` (60 s), files changed seconds ago are all read.
