@@ -138,6 +138,14 @@ pub enum Command {
     /// counters and latencies.
     #[command(after_help = "Example:\n  ckptfs status /mnt/ckpt --json")]
     Status(StatusArgs),
+    /// Make a workspace in a running mount's `staging/` from a checkpoint, in one
+    /// request to the daemon: the next turn without a `cp -a` through the mount.
+    #[command(
+        long_about = FORK_ABOUT,
+        after_help = "Example:\n  ckptfs fork /mnt/ckpt latest turn-8\n  \
+                      ckptfs fork /mnt/ckpt 0a9686a9 turn-8"
+    )]
+    Fork(ForkArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Example:\n  ckptfs completions bash > /etc/bash_completion.d/ckptfs")]
     Completions(CompletionsArgs),
@@ -148,6 +156,17 @@ pub enum Command {
     )]
     Man(ManArgs),
 }
+
+const FORK_ABOUT: &str = "\
+Make workspace MOUNTPOINT/staging/NAME from checkpoint REF, in one request to the
+daemon: what `cp -a MOUNTPOINT/REF/. MOUNTPOINT/staging/NAME/` gives (modes, times, and
+the owners shown when run as root), without a round trip through the mount per file.
+
+The daemon copies the verified files from its cache (a reflink where the filesystem
+has them), builds the tree out of sight and moves it into place at once: NAME appears
+whole or not at all, and must not exist. The seal of the workspace names REF as its
+parent. REF is a checkpoint id, a prefix of one, or `latest`. The same request
+without this command: `setfattr -n user.ckptfs.fork -v ID/NAME MOUNTPOINT/staging`.";
 
 const LOG_ABOUT: &str = "\
 The checkpoints, oldest first, with what changed in each since the one before.
@@ -355,6 +374,17 @@ pub struct StatusArgs {
     /// "time", "state", "verified_at", "from", "rechecked_at", "reason"}]}.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// Where the store is mounted (not `--read-only`).
+    pub mountpoint: PathBuf,
+    /// The checkpoint: its id, a prefix of it, or `latest`.
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// The new workspace's name in `staging/`.
+    pub name: std::ffi::OsString,
 }
 
 #[derive(Debug, Args)]

@@ -13,6 +13,7 @@ mod cat;
 mod diff;
 mod docs;
 mod find;
+mod fork;
 mod get;
 mod log;
 mod ls;
@@ -53,6 +54,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Cat(args) => cat::run(&cli, args),
         Command::Find(args) => find::run(&cli, args),
         Command::Status(args) => status::run(args),
+        Command::Fork(args) => fork::run(args),
         Command::Completions(args) => docs::completions(args),
         Command::Man(args) => docs::man(args),
     }

@@ -47,6 +47,10 @@ impl KernelCache for SessionCache {
     fn forget_entry(&self, parent: u64, name: &[u8]) {
         let _ = self.0.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
     }
+
+    fn forget_attributes(&self, ino: u64) {
+        let _ = self.0.inval_inode(INodeNo(ino), 0, 0);
+    }
 }
 
 impl FuseAdapter {
@@ -658,15 +662,20 @@ impl Filesystem for FuseAdapter {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
+        name: &OsStr,
+        value: &[u8],
         _flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(errno("setxattr", ino.0, &self.fs.setxattr(ino.0)));
+        let done = Box::new(move |result: Result<(), FsError>| match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno("setxattr", ino.0, &e)),
+        });
+        self.fs
+            .setxattr(ino.0, name.as_bytes(), value, caller(req), done);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {

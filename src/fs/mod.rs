@@ -22,6 +22,7 @@
 
 mod checkpoints;
 mod error;
+mod forker;
 mod fuse;
 mod inode;
 mod listing;

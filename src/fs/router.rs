@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use super::checkpoints::{self, Checkpoints, Owners};
 use super::error::FsError;
+use super::forker::{FORK_ATTRIBUTE, ForkDone, Forker};
 use super::inode::{self, Inode, Owner};
 use super::listing::Catalog;
 use super::loader::{Loader, LoaderConfig};
@@ -80,6 +81,8 @@ pub struct CheckpointFs {
     sealer: Arc<Sealer>,
     /// Fills the member cache from checkpoints the next turn is likely made from.
     primer: Option<Arc<Primer>>,
+    /// Makes workspaces from checkpoints in the daemon (`ckptfs fork`).
+    forker: Arc<Forker>,
     latencies: Arc<metrics::Latencies>,
     /// Every open goes through the daemon: for passthrough, or because the mount is
     /// writable, so that the kernel would let checkpoint files be opened for writing.
@@ -153,6 +156,15 @@ impl CheckpointFs {
                 }
             }));
         }
+        let forker = Arc::new(Forker {
+            catalog: Arc::clone(&catalog),
+            loader: Arc::clone(&loader),
+            staging: Arc::clone(&staging),
+            primer: primer.clone(),
+            kernel: Arc::clone(&kernel),
+            shown_owner: config.owner_override,
+            running: Default::default(),
+        });
         let latencies = Arc::new(metrics::Latencies::default());
         let status = status::Sources {
             store_name: store.describe(),
@@ -178,6 +190,7 @@ impl CheckpointFs {
             staging,
             sealer,
             primer,
+            forker,
             latencies,
             opens_checked: config.passthrough || !config.read_only,
             kernel,
@@ -419,10 +432,16 @@ impl CheckpointFs {
 
     /// Extended attributes are not part of checkpoints: "not supported" in staging
     /// (so that `cp -a` and `rsync -a` carry on without them), read-only elsewhere.
-    pub fn setxattr(&self, ino: u64) -> FsError {
+    /// The one taken is [`FORK_ATTRIBUTE`] on `staging/`, a fork (see `forker.rs`).
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], caller: Caller, done: ForkDone) {
         match Owner::of_inode(ino) {
-            Owner::Staging => FsError::NotSupported("extended attributes are not kept"),
-            owner => self.subtree(owner).refusal(ino),
+            Owner::Staging if ino == inode::STAGING && name == FORK_ATTRIBUTE.as_bytes() => {
+                self.forker.fork(value, caller, done)
+            }
+            Owner::Staging => done(Err(FsError::NotSupported(
+                "extended attributes are not kept",
+            ))),
+            owner => done(Err(self.subtree(owner).refusal(ino))),
         }
     }
 

@@ -81,6 +81,8 @@ pub trait KernelCache: Send + Sync {
     fn store(&self, ino: u64, data: &[u8]) -> std::io::Result<()>;
     /// Drops the kernel's entry for `parent/name`.
     fn forget_entry(&self, parent: u64, name: &[u8]);
+    /// Drops the kernel's attributes of `ino`, and its cached listing or pages.
+    fn forget_attributes(&self, ino: u64);
 }
 
 /// What the adapter needs to answer an `open`.

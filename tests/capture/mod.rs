@@ -11,6 +11,8 @@
 //! - [`posix`]: `staging/` as a POSIX directory: an fsx-style randomized run, the usual
 //!   edge cases, a file open several times at once, and the tools that build workspaces
 //!   (`tar -x`, `git`, `rsync -a` when installed).
+//! - [`fork`]: `ckptfs fork`: the checkpoint's tree, sealed as `put` would with it as
+//!   parent, written without touching the checkpoint, refused without leftovers.
 //! - [`errnos`]: what refused operations answer (EEXIST, EPERM, EBUSY, EROFS).
 //! - [`attacks`]: a hostile writer in staging: writers racing seals, chmod of staged
 //!   symlinks, a planted object under a seal's name, staging and cache directories
@@ -23,6 +25,7 @@
 mod attacks;
 mod errnos;
 mod failures;
+mod fork;
 mod posix;
 mod seal;
 

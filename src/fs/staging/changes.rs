@@ -272,6 +272,9 @@ impl StagingTree {
         if let Some(pin) = pin {
             pin.keep();
         }
+        if let Some(victim) = victim {
+            self.forget_fork(self.fuse_ino(victim.st_ino));
+        }
         Ok(())
     }
 

@@ -39,6 +39,9 @@ impl StagingTree {
                     _ => FsError::Os(e),
                 }
             })?;
+        let forked_from = rfs::fstat(&dir)
+            .ok()
+            .and_then(|stat| self.forked_from(&dir, &stat));
         let mut inodes = Vec::new();
         for_each_inode(&dir, &mut |ino| {
             if inodes.len() as u64 > max_entries {
@@ -59,6 +62,7 @@ impl StagingTree {
             inodes
                 .iter()
                 .filter_map(|i| sources.get(i).cloned())
+                .chain(forked_from)
                 .collect()
         };
         Ok(Frozen {
@@ -101,6 +105,9 @@ impl StagingTree {
             Ok(())
         })();
         if result.is_ok() {
+            if let Some(&dir) = frozen.inodes.first() {
+                self.forget_fork(dir);
+            }
             let mut copied_from = self.copied_from.lock().expect("copied lock");
             for ino in &frozen.inodes {
                 self.files.forget(*ino);

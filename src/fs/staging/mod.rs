@@ -46,9 +46,11 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec};
 
 mod changes;
 mod files;
+mod fork;
 mod freeze;
 mod inodes;
 
+pub use fork::Forked;
 pub use freeze::Frozen;
 use inodes::{Known, Loc, Pin, Place, generation, parked_name};
 
@@ -131,6 +133,9 @@ pub struct StagingTree {
     /// The checkpoint each staged file had bytes copied from (`copy_file_range`),
     /// while the kernel knows the file: what a seal records as the workspace's parent.
     copied_from: Mutex<HashMap<u64, CheckpointId>>,
+    /// The checkpoint each forked workspace was made from, by its directory's FUSE
+    /// inode, with that directory's generation (see `fork.rs`).
+    forked: Mutex<HashMap<u64, (u32, CheckpointId)>>,
     /// Whether new entries can be given to their caller (the daemon runs as root).
     can_chown: bool,
 }
@@ -249,6 +254,7 @@ impl StagingTree {
             gate: RwLock::new(()),
             frozen: Mutex::new(HashSet::new()),
             copied_from: Mutex::new(HashMap::new()),
+            forked: Mutex::new(HashMap::new()),
             can_chown: rustix::process::geteuid().is_root(),
         })
     }

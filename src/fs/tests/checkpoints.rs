@@ -239,6 +239,7 @@ impl KernelCache for PushedPages {
         Ok(())
     }
     fn forget_entry(&self, _parent: u64, _name: &[u8]) {}
+    fn forget_attributes(&self, _ino: u64) {}
 }
 
 impl PushedPages {

@@ -326,3 +326,60 @@ fn a_seal_without_its_cache_still_refuses_what_the_mount_could_not_read() {
         "nothing is stored"
     );
 }
+
+/// Sets `user.ckptfs.fork` on `staging/` and waits for the answer.
+fn fork(fs: &CheckpointFs, value: &[u8], caller: Caller) -> Result<(), FsError> {
+    let (tx, rx) = mpsc::channel();
+    let done = Box::new(move |r| tx.send(r).unwrap());
+    fs.setxattr(inode::STAGING, b"user.ckptfs.fork", value, caller, done);
+    rx.recv_timeout(Duration::from_secs(60)).unwrap()
+}
+
+/// A fork makes the checkpoint's tree in the backing directory, out of sight until
+/// whole (the graveyard is empty after it), and its seal names the checkpoint as its
+/// parent; a second fork of the same name, or of a name past the graveyard, fails and
+/// changes nothing.
+#[test]
+fn a_fork_makes_the_tree_and_its_seal_names_its_parent() {
+    let (f, ids) = fixture(&[&[
+        ("a.txt", b"one"),
+        ("d/e/f.txt", b"deep"),
+        ("big", &[7; 100_000]),
+    ]]);
+    let value = |name: &str| format!("{}/{name}", &ids[0].as_str()[..12]).into_bytes();
+    fork(&f.fs, &value("ws"), ROOT_CALLER).unwrap();
+    let ws = f.staging_dir.join("ws");
+    assert_eq!(std::fs::read(ws.join("a.txt")).unwrap(), b"one");
+    assert_eq!(std::fs::read(ws.join("d/e/f.txt")).unwrap(), b"deep");
+    assert_eq!(std::fs::read(ws.join("big")).unwrap(), [7; 100_000]);
+    let graveyard = f.staging_dir.join(".ckptfs-graveyard");
+    assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 0);
+
+    assert_eq!(
+        fork(&f.fs, &value("ws"), ROOT_CALLER).unwrap_err().errno(),
+        libc::EEXIST
+    );
+    assert_eq!(
+        fork(&f.fs, &value(".ckptfs-graveyard"), ROOT_CALLER)
+            .unwrap_err()
+            .errno(),
+        libc::EPERM
+    );
+    assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 0);
+
+    let ws_ino = f.fs.lookup(inode::STAGING, b"ws").unwrap().attr.ino;
+    let (entry, opened) =
+        f.fs.create(ws_ino, b"new.txt", 0o644, libc::O_WRONLY, ROOT_CALLER)
+            .unwrap();
+    f.fs.write(entry.attr.ino, 0, b"turn 2").unwrap();
+    f.fs.release(opened.fh);
+    seal(&f.fs, b"ws").unwrap();
+    let link = f.fs.lookup(inode::COMMIT, b"ws").unwrap();
+    let target = f.fs.readlink(link.attr.ino).unwrap();
+    let sealed = CheckpointId::parse(std::str::from_utf8(&target[3..]).unwrap()).unwrap();
+    let store = LocalStore::open(f.store_dir.path()).unwrap();
+    assert_eq!(
+        checkpoint::claimed_parent(&store, &sealed).unwrap(),
+        Some(ids[0].clone())
+    );
+}

@@ -140,8 +140,16 @@ fn the_virtual_tree_refuses_changes_with_the_right_errno() {
             .errno(),
         libc::EROFS
     );
-    assert_eq!(f.fs.setxattr(inode::ROOT).errno(), libc::EROFS);
-    assert_eq!(f.fs.setxattr(inode::STAGING).errno(), libc::ENOTSUP);
+    let setxattr = |ino: u64, name: &[u8]| {
+        let (sender, answer) = std::sync::mpsc::channel();
+        let done = Box::new(move |result: Result<(), FsError>| sender.send(result).unwrap());
+        f.fs.setxattr(ino, name, b"x", Caller { uid: 0, gid: 0 }, done);
+        answer.recv().unwrap().unwrap_err().errno()
+    };
+    assert_eq!(setxattr(inode::ROOT, b"user.x"), libc::EROFS);
+    assert_eq!(setxattr(inode::STAGING, b"user.x"), libc::ENOTSUP);
+    // The fork attribute, with a value that names no checkpoint.
+    assert_eq!(setxattr(inode::STAGING, b"user.ckptfs.fork"), libc::EINVAL);
 }
 
 #[test]

@@ -1,0 +1,244 @@
+//! Forks: `ckptfs fork MNT REF NAME` makes `staging/NAME` from a checkpoint in the
+//! daemon. The workspace is the checkpoint's tree (what `tar -xzf` restores), its seal
+//! is what `put` stores and names the checkpoint as parent, writing to it never
+//! reaches the checkpoint, and a fork that cannot be made leaves nothing behind.
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+
+use super::{cp_a, make_workspace, sh};
+use crate::util::mount::{Mount, repo_temp_dir};
+use crate::util::tree::{assert_same_tree, fix_mtimes, make_small_tree};
+use crate::util::{TestStore, ckptfs, run, sha256_hex};
+
+/// `ckptfs fork MNT REF NAME`, whatever its outcome.
+fn fork(mount: &Path, reference: &str, name: &str) -> crate::util::Output {
+    run(ckptfs().arg("fork").arg(mount).arg(reference).arg(name))
+}
+
+#[test]
+fn a_fork_is_the_checkpoint_and_its_seal_names_it_as_parent() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-");
+    let tree = work.path().join("tree");
+    make_workspace(&tree);
+    fs::hard_link(tree.join("hello.py"), tree.join("hello-again.py")).unwrap();
+    fix_mtimes(&tree);
+    let (first, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store).staging().start();
+
+    // By a prefix, before the checkpoint was ever opened: the fork waits for its load.
+    let out = fork(mount.path(), &first[..10], "turn-2").success();
+    assert!(out.stderr.contains("forked"), "{out}");
+    let forked = mount.staged("turn-2");
+    assert_same_tree(&tree, &forked);
+    assert_same_tree(&mount.join(&first), &forked);
+    let (a, b) = (
+        fs::metadata(forked.join("hello.py")).unwrap(),
+        fs::metadata(forked.join("hello-again.py")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino(), "hard links stay links");
+    // The workspace's own directory is its maker's (the archive has no root entry).
+    let forked_root = fs::metadata(&forked).unwrap();
+    assert_eq!((forked_root.mode() & 0o7777, forked_root.uid()), (0o755, 0));
+
+    // One change, sealed: the object `put` makes of the same tree, its parent the fork's.
+    fs::write(forked.join("hello.py"), "print('turn 2')\n").unwrap();
+    fs::write(forked.join("added.txt"), "new in turn 2\n").unwrap();
+    let local = work.path().join("turn-2");
+    cp_a(&forked, &local);
+    let out = sh(
+        r#"mv "$1/staging/turn-2" "$1/commit/" && readlink "$1/commit/turn-2""#,
+        &[mount.path()],
+    );
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let second = out.stdout.trim().trim_start_matches("../").to_owned();
+    let meta = store.object_meta(&second).expect("the sealed object");
+    assert_eq!(meta.parent.as_deref(), Some(first.as_str()));
+    let (want, _) = store.put(&local, &[]);
+    assert_eq!(second, want, "the seal of a fork is not what put stores");
+
+    // `latest` is the turn just sealed; the mount's log says what a fork did.
+    fork(mount.path(), "latest", "turn-3").success();
+    let restored = work.path().join("restored");
+    store.get(&second, &restored);
+    assert_same_tree(&restored, &mount.staged("turn-3"));
+    assert!(
+        mount.log_text().contains("forked"),
+        "{}",
+        mount.log_excerpt()
+    );
+}
+
+#[test]
+fn writing_to_a_forked_file_never_changes_its_checkpoint() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-write-");
+    let tree = work.path().join("tree");
+    make_workspace(&tree);
+    let (id, _) = store.put(&tree, &[]);
+    let cache = work.path().join("cache");
+    let mount = Mount::new(&store).staging().cache_dir(&cache).start();
+    let checkpoint_file = mount.join(&id).join("big.txt");
+    let small_file = mount.join(&id).join("hello.py");
+    let want = (
+        sha256_hex(&fs::read(&checkpoint_file).unwrap()),
+        sha256_hex(&fs::read(&small_file).unwrap()),
+    );
+    fork(mount.path(), &id, "w").success();
+
+    // A reader holds the checkpoint's file open while the fork's copies are
+    // rewritten, truncated and grown in place.
+    let mut reader = fs::File::open(&checkpoint_file).unwrap();
+    let mut head = [0u8; 4096];
+    reader.read_exact(&mut head).unwrap();
+    for name in ["big.txt", "hello.py"] {
+        let copy = fs::OpenOptions::new()
+            .write(true)
+            .open(mount.staged("w").join(name))
+            .unwrap();
+        copy.write_all_at(&[b'X'; 8192], 0).unwrap();
+        copy.set_len(100).unwrap();
+        copy.write_all_at(b"grown", 1 << 20).unwrap();
+        drop(copy);
+    }
+    fs::set_permissions(
+        mount.staged("w").join("big.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    let mut whole = head.to_vec();
+    whole.extend_from_slice(&rest);
+    assert_eq!(
+        sha256_hex(&whole),
+        want.0,
+        "read while the fork was written"
+    );
+    let now = (
+        sha256_hex(&fs::read(&checkpoint_file).unwrap()),
+        sha256_hex(&fs::read(&small_file).unwrap()),
+    );
+    assert_eq!(now, want, "the checkpoint changed");
+    assert_eq!(
+        fs::metadata(&checkpoint_file).unwrap().mode() & 0o7777,
+        0o644
+    );
+
+    // The cache files themselves are untouched: a new mount over the same cache
+    // serves the same bytes, after checking them.
+    drop(mount);
+    let again = Mount::new(&store).cache_dir(&cache).start();
+    let read = fs::read(again.join(&id).join("big.txt")).unwrap();
+    assert_eq!(sha256_hex(&read), want.0);
+    assert_eq!(again.downloads(), 0, "{}", again.status_text());
+}
+
+#[test]
+fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-refused-");
+    let tree = work.path().join("tree");
+    make_small_tree(&tree, "one");
+    let (id, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store).staging().start();
+    fs::create_dir(mount.staged("taken")).unwrap();
+    fs::write(mount.staged("taken").join("mine"), "kept\n").unwrap();
+
+    let out = fork(mount.path(), &id, "taken").failure();
+    assert!(out.stderr.contains("exists"), "{out}");
+    assert_eq!(
+        fs::read_to_string(mount.staged("taken").join("mine")).unwrap(),
+        "kept\n"
+    );
+    assert_eq!(fs::read_dir(mount.staged("taken")).unwrap().count(), 1);
+
+    let out = fork(mount.path(), "0123456789abcdef", "x").failure();
+    assert!(out.stderr.contains("no checkpoint"), "{out}");
+    let out = fork(mount.path(), "not-hex", "x").failure();
+    assert!(out.stderr.contains("REF"), "{out}");
+    let out = fork(mount.path(), &id, "a/b").failure();
+    assert!(out.stderr.contains("one path component"), "{out}");
+    let out = fork(mount.path(), &id, ".ckptfs-graveyard").failure();
+    assert!(!out.status.success(), "{out}");
+    // Straight to the daemon, with values the command would not send.
+    for value in [&b"no-slash"[..], b"0123/x", &[id.as_bytes(), b"/"].concat()] {
+        let result = rustix::fs::setxattr(
+            mount.join("staging"),
+            "user.ckptfs.fork",
+            value,
+            rustix::fs::XattrFlags::empty(),
+        );
+        assert!(
+            result.is_err(),
+            "{:?} was taken",
+            String::from_utf8_lossy(value)
+        );
+    }
+    let names: Vec<_> = fs::read_dir(mount.join("staging"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        ["taken"],
+        "staging/ holds only what was made by hand"
+    );
+
+    // Another attribute is still "not kept", and checkpoints take none.
+    let other = rustix::fs::setxattr(
+        mount.join("staging"),
+        "user.other",
+        b"x",
+        rustix::fs::XattrFlags::empty(),
+    );
+    assert_eq!(other, Err(rustix::io::Errno::NOTSUP));
+    let read_only = Mount::new(&store).args(["--read-only"]).start();
+    let out = fork(read_only.path(), &id, "x").failure();
+    assert!(out.stderr.contains("read-only"), "{out}");
+}
+
+/// A staging disk too small for the checkpoint: the fork fails with the disk's error
+/// and leaves neither the workspace nor its partial copy.
+#[test]
+fn a_fork_onto_a_full_disk_fails_and_leaves_nothing() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-full-");
+    let tree = work.path().join("tree");
+    make_workspace(&tree);
+    let (id, _) = store.put(&tree, &[]);
+    let small = work.path().join("small");
+    fs::create_dir(&small).unwrap();
+    run(std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "ckptfs-test"])
+        .arg(&small))
+    .success();
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&small);
+    let staging = small.join("staging");
+    {
+        let mount = Mount::new(&store)
+            .args([std::ffi::OsStr::new("--staging-dir"), staging.as_os_str()])
+            .start();
+        let out = fork(mount.path(), &id, "w").failure();
+        assert!(out.stderr.contains("No space left"), "{out}");
+        assert!(fs::symlink_metadata(mount.staged("w")).is_err());
+        let graveyard = staging.join(".ckptfs-graveyard");
+        assert_eq!(
+            fs::read_dir(&graveyard).unwrap().count(),
+            0,
+            "a partial fork is left"
+        );
+        // The disk is usable again: a small workspace is made by hand.
+        fs::create_dir(mount.staged("hand")).unwrap();
+        fs::write(mount.staged("hand").join("f"), "fits\n").unwrap();
+    }
+}
