@@ -26,24 +26,8 @@ BENCH_FILES="${BENCH_FILES:-6000}"
 
 bench_init fork
 bench_deps ""
-BENCH_FS="${BENCH_FS:-$([ "$(id -u)" = 0 ] && echo fresh || echo here)}"
-DATA="$WORK"
 MNT="$WORK/mnt"
-if [ "$BENCH_FS" = fresh ]; then
-    DATA="$WORK/fs"
-    mkdir -p "$DATA"
-    truncate -s 16G "$WORK/fs.img"
-    mkfs.ext4 -q -F "$WORK/fs.img"
-    mount -o loop "$WORK/fs.img" "$DATA"
-    fork_cleanup() {
-        local status=$?
-        mountpoint -q "$MNT" 2>/dev/null && { fusermount3 -u "$MNT" || fusermount3 -u -z "$MNT"; }
-        umount "$DATA" 2>/dev/null || umount -l "$DATA" 2>/dev/null || true
-        (exit "$status")
-        bench_cleanup
-    }
-    trap fork_cleanup EXIT
-fi
+bench_data_dir 16G
 TREE="$DATA/tree"
 STORE="$DATA/store"
 CACHE="$DATA/cache"

@@ -46,24 +46,7 @@ CKPTFS_GLOBAL=(--max-archive-size 2GiB)
 
 bench_init use
 bench_deps
-BENCH_FS="${BENCH_FS:-$([ "$(id -u)" = 0 ] && echo fresh || echo here)}"
-DATA="$WORK"
-if [ "$BENCH_FS" = fresh ]; then
-    DATA="$WORK/fs"
-    mkdir -p "$DATA"
-    truncate -s 24G "$WORK/fs.img"
-    mkfs.ext4 -q -F "$WORK/fs.img"
-    mount -o loop "$WORK/fs.img" "$DATA"
-    # Before the work directory goes: the FUSE mount, then this one.
-    use_cleanup() {
-        local status=$?
-        mountpoint -q "${MNT:-/nonexistent}" 2>/dev/null && { fusermount3 -u "$MNT" || fusermount3 -u -z "$MNT"; }
-        umount "$DATA" 2>/dev/null || umount -l "$DATA" 2>/dev/null || true
-        (exit "$status")
-        bench_cleanup
-    }
-    trap use_cleanup EXIT
-fi
+bench_data_dir 24G
 MNT="$WORK/mnt"
 CACHE="$DATA/cache"
 LOCAL_DIR="$DATA/local"

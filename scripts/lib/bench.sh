@@ -190,6 +190,31 @@ bench_deps() {
     [ -x "$CKPTFS" ] || die "no ckptfs binary at $CKPTFS"
 }
 
+# The data directory of a run: with BENCH_FS=fresh (the default as root) a fresh ext4
+# of SIZE made in a file of the work directory and mounted at $WORK/fs, so that both
+# sides of a comparison start from the same clean disk, unmounted at exit after the
+# FUSE mount $MNT; with BENCH_FS=here the work directory itself. Sets BENCH_FS and DATA.
+bench_data_dir() {
+    BENCH_FS="${BENCH_FS:-$([ "$(id -u)" = 0 ] && echo fresh || echo here)}"
+    DATA="$WORK"
+    [ "$BENCH_FS" = fresh ] || return 0
+    DATA="$WORK/fs"
+    mkdir -p "$DATA"
+    truncate -s "$1" "$WORK/fs.img"
+    mkfs.ext4 -q -F "$WORK/fs.img"
+    mount -o loop "$WORK/fs.img" "$DATA"
+    trap _data_dir_cleanup EXIT
+}
+
+# Before the work directory goes: the FUSE mount, then the fresh filesystem.
+_data_dir_cleanup() {
+    local status=$?
+    mountpoint -q "${MNT:-/nonexistent}" 2>/dev/null && { fusermount3 -u "$MNT" || fusermount3 -u -z "$MNT"; }
+    umount "$DATA" 2>/dev/null || umount -l "$DATA" 2>/dev/null || true
+    (exit "$status")
+    bench_cleanup
+}
+
 # Start moto and point ckptfs and the aws CLI at it.
 bench_moto() {
     moto_start

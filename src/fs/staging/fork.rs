@@ -222,7 +222,7 @@ fn build(
             }
             NodeKind::Symlink { target } => {
                 rfs::symlinkat(OsStr::from_bytes(target), at, c_name).map_err(os)?;
-                set_link_attrs(at, c_name, node, owners).map_err(FsError::Os)?;
+                set_owner_and_times(at, c_name, node, owners).map_err(FsError::Os)?;
             }
             NodeKind::File { .. } if node.nlink > 1 && first_links.contains_key(child) => {
                 let (dir_path, first) = &first_links[child];
@@ -347,20 +347,15 @@ fn uid_gid((uid, gid): (u32, u32)) -> (rustix::fs::Uid, rustix::fs::Gid) {
     )
 }
 
-/// Owner, mode and times of directory `name` in `dir`.
+/// Mode, owner and times of directory `name` in `dir`.
 fn set_dir_attrs(
     dir: BorrowedFd<'_>,
     name: &OsStr,
     node: &Node,
     owners: ForkOwners,
 ) -> std::io::Result<()> {
-    if let Some(owner) = owners.of(node) {
-        let (uid, gid) = uid_gid(owner);
-        rfs::chownat(dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(std::io::Error::from)?;
-    }
     beneath::chmod_at(dir, name, node.mode & 0o7777)?;
-    rfs::utimensat(dir, name, &times(node), AtFlags::SYMLINK_NOFOLLOW).map_err(std::io::Error::from)
+    set_owner_and_times(dir, name, node, owners)
 }
 
 /// The workspace's own directory: the caller's (when the daemon can give it away),
@@ -376,8 +371,9 @@ fn set_root_attrs(top: &OwnedFd, root: &Node, owners: ForkOwners) -> std::io::Re
     beneath::chmod_opened(top, root.mode & 0o7777)
 }
 
-/// Owner and times of symlink `name` in `dir` (a symlink has no mode of its own).
-fn set_link_attrs(
+/// Owner and times of entry `name` in `dir`, never of what it points to (a
+/// symlink has no mode of its own).
+fn set_owner_and_times(
     dir: BorrowedFd<'_>,
     name: &OsStr,
     node: &Node,
