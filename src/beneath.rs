@@ -439,6 +439,7 @@ pub fn list(dir: impl AsFd) -> io::Result<Vec<(Vec<u8>, bool)>> {
 /// Removes the directory `name` of `dir` and everything in it, depth first, holding
 /// one descriptor at a time (see [`Descent`]).
 fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let_owner_in(dir, name)?;
     let mut walk = Descent::new(open_dir(dir, name)?);
     // The name of each directory entered, to remove it once it is empty.
     let mut names: Vec<Vec<u8>> = Vec::new();
@@ -455,6 +456,7 @@ fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
             }
         }
         if let Some(child) = subdir {
+            let_owner_in(walk.dir(), OsStr::from_bytes(&child))?;
             walk.enter(OsStr::from_bytes(&child))?;
             names.push(child);
             continue;
@@ -471,6 +473,19 @@ fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
         Err(e) => Err(os(e)),
     }
+}
+
+/// Gives directory `name` in `dir` to its owner (`u+rwx`) when its mode does not, so
+/// that it can be listed and emptied: a tree being removed may hold read-only
+/// directories (a checkpoint's, in a failed fork), which a daemon that is not root
+/// could not remove otherwise. Anything else is left as it is.
+fn let_owner_in(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let stat = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(os)?;
+    let is_dir = FileType::from_raw_mode(stat.st_mode) == FileType::Directory;
+    if is_dir && stat.st_mode & 0o700 != 0o700 {
+        chmod_at(dir, name, (stat.st_mode & 0o7777) | 0o700)?;
+    }
+    Ok(())
 }
 
 /// `chmod` of `name` in `dir` itself, never of what it points to: a symlink's mode

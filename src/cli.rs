@@ -162,11 +162,12 @@ Make workspace MOUNTPOINT/staging/NAME from checkpoint REF, in one request to th
 daemon: what `cp -a MOUNTPOINT/REF/. MOUNTPOINT/staging/NAME/` gives (modes, times, and
 the owners shown when run as root), without a round trip through the mount per file.
 
-The daemon copies the verified files from its cache (a reflink where the filesystem
-has them), builds the tree out of sight and moves it into place at once: NAME appears
-whole or not at all, and must not exist. The seal of the workspace names REF as its
-parent. REF is a checkpoint id, a prefix of one, or `latest`. The same request
-without this command: `setfattr -n user.ckptfs.fork -v ID/NAME MOUNTPOINT/staging`.";
+NAME must not exist: the command makes it, then the daemon copies the verified files
+from its cache into it (a reflink where the filesystem has them), building the tree
+out of sight and moving it in once whole; on a failure NAME is removed again. The seal
+of the workspace names REF as its parent. REF is a checkpoint id, a prefix of one, or
+`latest`. The same without this command: `mkdir MOUNTPOINT/staging/NAME && setfattr -n
+user.ckptfs.fork -v ID MOUNTPOINT/staging/NAME`.";
 
 const LOG_ABOUT: &str = "\
 The checkpoints, oldest first, with what changed in each since the one before.

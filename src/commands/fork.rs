@@ -1,5 +1,6 @@
 //! `ckptfs fork MOUNTPOINT REF NAME`: a workspace made from a checkpoint by a running
-//! mount's daemon (`setxattr` of `user.ckptfs.fork` on `staging/`; see `fs/forker.rs`).
+//! mount's daemon (`mkdir staging/NAME`, then a `setxattr` of `user.ckptfs.fork` on it;
+//! see `fs/forker.rs`).
 //! REF is resolved here against the mount's own listing, so that the daemon is sent a
 //! whole id.
 
@@ -38,15 +39,26 @@ pub fn run(args: &ForkArgs) -> Result<i32> {
         );
     }
     let id = resolve(mount, &args.reference)?;
-    let mut value = format!("{id}/").into_bytes();
-    value.extend_from_slice(name);
+    let workspace = staging.join(&args.name);
+    let shown = format!("{}/{}", staging.display(), escape(name));
     let started = Instant::now();
-    if let Err(e) =
-        rustix::fs::setxattr(&staging, ATTRIBUTE, &value, rustix::fs::XattrFlags::empty())
-    {
-        let shown = format!("{}/{}", staging.display(), escape(name));
+    if let Err(e) = std::fs::create_dir(&workspace) {
+        match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                bail!("{shown} exists: a fork makes a new workspace")
+            }
+            _ => bail!("cannot make {shown}: {e}"),
+        }
+    }
+    if let Err(e) = rustix::fs::setxattr(
+        &workspace,
+        ATTRIBUTE,
+        id.as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    ) {
+        // Made here and still empty: nothing of anyone else's goes with it.
+        let _ = std::fs::remove_dir(&workspace);
         match e {
-            rustix::io::Errno::EXIST => bail!("{shown} exists: a fork makes a new workspace"),
             rustix::io::Errno::NOENT => bail!("no checkpoint {id} in {}", mount.display()),
             rustix::io::Errno::NOTSUP => {
                 bail!(
@@ -65,10 +77,7 @@ pub fn run(args: &ForkArgs) -> Result<i32> {
         }
     }
     eprintln!(
-        "forked {} into {}/{} in {:.2} s",
-        id,
-        staging.display(),
-        escape(name),
+        "forked {id} into {shown} in {:.2} s",
         started.elapsed().as_secs_f64()
     );
     Ok(0)
@@ -94,7 +103,10 @@ fn resolve(mount: &Path, reference: &str) -> Result<String> {
     for entry in std::fs::read_dir(mount)? {
         let name = entry?.file_name();
         let name = name.to_string_lossy();
-        if name.len() == 64 && name.starts_with(&reference) {
+        if name.len() == 64
+            && name.bytes().all(|b| b.is_ascii_hexdigit())
+            && name.starts_with(&reference)
+        {
             found.push(name.into_owned());
         }
     }

@@ -1,18 +1,21 @@
-//! The fork request: `setxattr` of [`FORK_ATTRIBUTE`] on `staging/` to `REF/NAME`
-//! (what `ckptfs fork MNT REF NAME` sends) makes workspace `staging/NAME` from
-//! checkpoint `REF` in the daemon (see `staging/fork.rs`), one request in all.
+//! The fork request: `setxattr` of [`FORK_ATTRIBUTE`] to a checkpoint's id on an
+//! empty workspace `staging/NAME` (what `ckptfs fork MNT REF NAME` does after its
+//! `mkdir`) has the daemon fill it from that checkpoint (see `staging/fork.rs`): one
+//! request in all.
 //!
-//! An extended attribute, because it is the one request that carries bytes to a
-//! directory and waits for the answer, reaches the daemon through any mount namespace
-//! the mount is seen in (a container's included), needs no socket of its own, and is
-//! checked by the kernel like a `mkdir` there: who may write in `staging/` may fork.
-//! Set on `staging/` rather than on an empty `staging/NAME`, because the kernel holds
-//! the target's lock while it waits for the answer and may remember names inside it as
-//! absent: a new name in `staging/` has neither problem.
+//! An extended attribute, because it is a request that carries bytes to a directory
+//! and waits for the answer, reaches the daemon through any mount namespace the mount
+//! is seen in (a container's included), and needs no socket of its own. Set on the
+//! workspace, which its maker owns: the kernel lets anyone who made a workspace set it
+//! (not so on `staging/`, a sticky directory), and holds only that workspace's lock
+//! while the request waits, so nothing else in `staging/` waits for a fork, and
+//! nothing is made in the workspace meanwhile.
 //!
 //! Invariants: a fork runs on a thread of its own, never on a FUSE request thread (it
 //! may wait for a load and copies a whole tree); at most [`FORKS_AT_ONCE`] run or wait
-//! at once, more are refused with `EBUSY`.
+//! at once, more are refused with `EBUSY`. The names the fork made are dropped from
+//! the kernel's cache only after the answer, since dropping them takes the lock the
+//! request holds.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -20,7 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::error::FsError;
-use super::inode;
 use super::listing::{Catalog, Slot};
 use super::loader::Loader;
 use super::primer::Primer;
@@ -51,10 +53,11 @@ pub struct Forker {
 }
 
 impl Forker {
-    /// Forks `value` (`REF/NAME`) for `caller`; `done` gets the outcome.
-    pub fn fork(self: &Arc<Self>, value: &[u8], caller: Caller, done: ForkDone) {
-        let (slot, name) = match self.parse(value) {
-            Ok(parsed) => parsed,
+    /// Fills workspace `ino` from the checkpoint `value` names, for `caller`; `done`
+    /// gets the outcome.
+    pub fn fork(self: &Arc<Self>, ino: u64, value: &[u8], caller: Caller, done: ForkDone) {
+        let slot = match self.parse(value) {
+            Ok(slot) => slot,
             Err(e) => return done(Err(e)),
         };
         if self.running.fetch_add(1, Ordering::SeqCst) >= FORKS_AT_ONCE {
@@ -66,9 +69,15 @@ impl Forker {
         let spawned = std::thread::Builder::new()
             .name("ckptfs-fork".into())
             .spawn(move || {
-                let result = forker.fork_now(&slot, &name, caller);
+                let result = forker.fork_now(ino, &slot, caller);
                 forker.running.fetch_sub(1, Ordering::SeqCst);
-                done(result)
+                match result {
+                    Ok(names) => {
+                        done(Ok(()));
+                        forker.forget_absent(ino, &names);
+                    }
+                    Err(e) => done(Err(e)),
+                }
             });
         if let Err(e) = spawned {
             // The reply went with the closure: the kernel gets EIO for it.
@@ -77,16 +86,12 @@ impl Forker {
         }
     }
 
-    /// `REF/NAME`: the checkpoint (a whole id, or a prefix of one of at least
-    /// [`SHORTEST_PREFIX`] characters that names one checkpoint) and the new name.
-    fn parse(&self, value: &[u8]) -> Result<(Arc<Slot>, Vec<u8>), FsError> {
-        let Some(slash) = value.iter().position(|&b| b == b'/') else {
-            tracing::info!("fork refused: the value is not REF/NAME");
-            return Err(FsError::InvalidArgument);
-        };
-        let (reference, name) = (&value[..slash], &value[slash + 1..]);
-        let reference = std::str::from_utf8(reference)
+    /// The checkpoint `value` names: a whole id, or a prefix of one of at least
+    /// [`SHORTEST_PREFIX`] characters that names one checkpoint.
+    fn parse(&self, value: &[u8]) -> Result<Arc<Slot>, FsError> {
+        let reference = std::str::from_utf8(value)
             .ok()
+            .map(str::trim)
             .filter(|r| r.len() >= SHORTEST_PREFIX && r.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| {
                 tracing::info!(
@@ -101,7 +106,7 @@ impl Forker {
             .into_iter()
             .filter(|slot| slot.info.id.as_str().starts_with(&reference));
         match (found.next(), found.next()) {
-            (Some(slot), None) => Ok((slot, name.to_vec())),
+            (Some(slot), None) => Ok(slot),
             (None, _) => {
                 tracing::info!(reference, "fork refused: no such checkpoint");
                 Err(FsError::NotFound)
@@ -116,7 +121,13 @@ impl Forker {
         }
     }
 
-    fn fork_now(&self, slot: &Arc<Slot>, name: &[u8], caller: Caller) -> Result<(), FsError> {
+    /// Fills workspace `ino`; returns the names made in it.
+    fn fork_now(
+        &self,
+        ino: u64,
+        slot: &Arc<Slot>,
+        caller: Caller,
+    ) -> Result<Vec<Vec<u8>>, FsError> {
         if self.loader.must_wait(slot) {
             let (loaded, wait) = std::sync::mpsc::sync_channel(1);
             self.loader.when_loaded(
@@ -129,32 +140,38 @@ impl Forker {
         }
         let checkpoint = self.loader.checkpoint(slot)?;
         let started = Instant::now();
-        let forked = self
+        let (forked, names) = self
             .staging
-            .fork(name, &checkpoint, caller, self.shown_owner)
-            .inspect_err(|e| {
-                tracing::info!(
-                    name = %crate::printable::escape(name),
-                    error = %e,
-                    "fork failed"
-                )
-            })?;
+            .fork(ino, &checkpoint, caller, self.shown_owner)
+            .inspect_err(
+                |e| tracing::info!(checkpoint = %checkpoint.id, error = %e, "fork failed"),
+            )?;
         // The seal of the new turn then compresses only what changed.
         if let Some(primer) = &self.primer {
             primer.prime(&checkpoint);
         }
-        // The kernel may hold a listing of `staging/` without the new name.
+        // The kernel holds the workspace's attributes and its (empty) listing.
         if let Some(kernel) = self.kernel.get() {
-            kernel.forget_attributes(inode::STAGING);
+            kernel.forget_attributes(ino);
         }
         tracing::info!(
             checkpoint = %checkpoint.id,
-            name = %crate::printable::escape(name),
+            workspace = forked.ino,
             entries = forked.entries,
             bytes = forked.bytes,
             seconds = started.elapsed().as_secs_f64(),
             "forked"
         );
-        Ok(())
+        Ok(names)
+    }
+
+    /// Drops what the kernel may remember as absent from the workspace: the names the
+    /// fork made in it. After the answer (see the module comment).
+    fn forget_absent(&self, ino: u64, names: &[Vec<u8>]) {
+        if let Some(kernel) = self.kernel.get() {
+            for name in names {
+                kernel.forget_entry(ino, name);
+            }
+        }
     }
 }

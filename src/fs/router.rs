@@ -432,11 +432,11 @@ impl CheckpointFs {
 
     /// Extended attributes are not part of checkpoints: "not supported" in staging
     /// (so that `cp -a` and `rsync -a` carry on without them), read-only elsewhere.
-    /// The one taken is [`FORK_ATTRIBUTE`] on `staging/`, a fork (see `forker.rs`).
+    /// The one taken is [`FORK_ATTRIBUTE`] on a workspace, a fork (see `forker.rs`).
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], caller: Caller, done: ForkDone) {
         match Owner::of_inode(ino) {
-            Owner::Staging if ino == inode::STAGING && name == FORK_ATTRIBUTE.as_bytes() => {
-                self.forker.fork(value, caller, done)
+            Owner::Staging if name == FORK_ATTRIBUTE.as_bytes() => {
+                self.forker.fork(ino, value, caller, done)
             }
             Owner::Staging => done(Err(FsError::NotSupported(
                 "extended attributes are not kept",

@@ -24,8 +24,17 @@ fn a_fork_is_the_checkpoint_and_its_seal_names_it_as_parent() {
     let work = repo_temp_dir("fork-");
     let tree = work.path().join("tree");
     make_workspace(&tree);
-    fs::hard_link(tree.join("hello.py"), tree.join("hello-again.py")).unwrap();
+    // Hard links across directories, one of them read-only once made.
+    fs::hard_link(tree.join("hello.py"), tree.join("src/hello-again.py")).unwrap();
+    fs::create_dir(tree.join("read-only")).unwrap();
+    fs::write(tree.join("read-only/kept"), "kept\n").unwrap();
+    fs::hard_link(tree.join("read-only/kept"), tree.join("z-kept")).unwrap();
     fix_mtimes(&tree);
+    fs::set_permissions(
+        tree.join("read-only"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o555),
+    )
+    .unwrap();
     let (first, _) = store.put(&tree, &[]);
     let mount = Mount::new(&store).staging().start();
 
@@ -35,14 +44,13 @@ fn a_fork_is_the_checkpoint_and_its_seal_names_it_as_parent() {
     let forked = mount.staged("turn-2");
     assert_same_tree(&tree, &forked);
     assert_same_tree(&mount.join(&first), &forked);
-    let (a, b) = (
-        fs::metadata(forked.join("hello.py")).unwrap(),
-        fs::metadata(forked.join("hello-again.py")).unwrap(),
-    );
-    assert_eq!(a.ino(), b.ino(), "hard links stay links");
-    // The workspace's own directory is its maker's (the archive has no root entry).
-    let forked_root = fs::metadata(&forked).unwrap();
-    assert_eq!((forked_root.mode() & 0o7777, forked_root.uid()), (0o755, 0));
+    for (a, b) in [
+        ("hello.py", "src/hello-again.py"),
+        ("read-only/kept", "z-kept"),
+    ] {
+        let ino = |name| fs::metadata(forked.join(name)).unwrap().ino();
+        assert_eq!(ino(a), ino(b), "hard links stay links");
+    }
 
     // One change, sealed: the object `put` makes of the same tree, its parent the fork's.
     fs::write(forked.join("hello.py"), "print('turn 2')\n").unwrap();
@@ -150,6 +158,14 @@ fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
 
     let out = fork(mount.path(), &id, "taken").failure();
     assert!(out.stderr.contains("exists"), "{out}");
+    // Straight to the daemon: a workspace that is not empty.
+    let not_empty = rustix::fs::setxattr(
+        mount.staged("taken"),
+        "user.ckptfs.fork",
+        id.as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    );
+    assert_eq!(not_empty, Err(rustix::io::Errno::NOTEMPTY));
     assert_eq!(
         fs::read_to_string(mount.staged("taken").join("mine")).unwrap(),
         "kept\n"
@@ -164,10 +180,19 @@ fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     assert!(out.stderr.contains("one path component"), "{out}");
     let out = fork(mount.path(), &id, ".ckptfs-graveyard").failure();
     assert!(!out.status.success(), "{out}");
-    // Straight to the daemon, with values the command would not send.
-    for value in [&b"no-slash"[..], b"0123/x", &[id.as_bytes(), b"/"].concat()] {
+    // Straight to the daemon, with what the command would not send: values that name
+    // no checkpoint, `staging/` itself, a file.
+    fs::create_dir(mount.staged("empty")).unwrap();
+    fs::write(mount.staged("taken").join("file"), "").unwrap();
+    for (target, value) in [
+        (mount.staged("empty"), &b"no-hex"[..]),
+        (mount.staged("empty"), b"0123"),
+        (mount.staged("empty"), &[id.as_bytes(), b"/x"].concat()),
+        (mount.join("staging"), id.as_bytes()),
+        (mount.staged("taken").join("file"), id.as_bytes()),
+    ] {
         let result = rustix::fs::setxattr(
-            mount.join("staging"),
+            &target,
             "user.ckptfs.fork",
             value,
             rustix::fs::XattrFlags::empty(),
@@ -178,6 +203,9 @@ fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
             String::from_utf8_lossy(value)
         );
     }
+    assert_eq!(fs::read_dir(mount.staged("empty")).unwrap().count(), 0);
+    fs::remove_dir(mount.staged("empty")).unwrap();
+    fs::remove_file(mount.staged("taken").join("file")).unwrap();
     let names: Vec<_> = fs::read_dir(mount.join("staging"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -188,9 +216,9 @@ fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
         "staging/ holds only what was made by hand"
     );
 
-    // Another attribute is still "not kept", and checkpoints take none.
+    // Another attribute is still "not kept".
     let other = rustix::fs::setxattr(
-        mount.join("staging"),
+        mount.staged("taken"),
         "user.other",
         b"x",
         rustix::fs::XattrFlags::empty(),

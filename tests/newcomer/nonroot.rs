@@ -173,3 +173,146 @@ fn a_user_mounts_browses_seals_and_lets_others_in_without_root() {
     assert_eq!(listed.len(), 5, "{listed:?}");
     daemon.unmount();
 }
+
+/// A daemon that is not root forks a checkpoint holding directories it cannot write
+/// (0555, 0000) and hard links into them; a fork that fails part way (a full staging
+/// disk) leaves an empty graveyard, removable by the daemon's user, and the mount
+/// starts again on the same staging directory.
+#[test]
+fn a_daemon_that_is_not_root_forks_read_only_trees_and_cleans_up_a_failed_fork() {
+    use crate::util::tree::{random_bytes, write_file};
+    use std::os::unix::fs::PermissionsExt;
+
+    let _fuse = FuseForUsers::grant();
+    let work = shared_temp_dir("ckptfs-nonroot-fork-");
+    let work = work.path();
+    let tree = work.join("tree");
+    make_small_tree(&tree, "fork");
+    write_file(&tree.join("a-locked/f"), b"locked\n", 0o644);
+    write_file(&tree.join("b-read-only/g"), b"read-only\n", 0o644);
+    fs::hard_link(tree.join("a-locked/f"), tree.join("link-to-f")).unwrap();
+    write_file(&tree.join("zz-big"), &random_bytes(3 << 20, 7), 0o644);
+    fs::set_permissions(tree.join("a-locked"), fs::Permissions::from_mode(0o000)).unwrap();
+    fs::set_permissions(tree.join("b-read-only"), fs::Permissions::from_mode(0o555)).unwrap();
+    let store = work.join("store");
+    crate::util::run(
+        crate::util::ckptfs()
+            .arg("put")
+            .arg(&store)
+            .arg(&tree)
+            .arg("--member-cache-size")
+            .arg("0"),
+    )
+    .success();
+    crate::util::run(
+        std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&store),
+    )
+    .success();
+
+    // Forked whole onto a disk with room.
+    nobodys_dir(&work.join("staging"));
+    let staging = work.join("staging/backing");
+    let daemon = mount_as_nobody(work, "mnt", &["--staging-dir", staging.to_str().unwrap()]);
+    let mnt = daemon.mnt.clone();
+    let out = run(as_nobody()
+        .arg(shared_binary())
+        .arg("fork")
+        .arg(&mnt)
+        .arg("latest")
+        .arg("w"));
+    assert!(out.status.success(), "{out}");
+    let forked = staging.join("w");
+    assert_eq!(
+        fs::read(forked.join("zz-big")).unwrap(),
+        fs::read(tree.join("zz-big")).unwrap()
+    );
+    assert_eq!(
+        fs::read(forked.join("b-read-only/g")).unwrap(),
+        b"read-only\n"
+    );
+    assert_eq!(
+        fs::metadata(forked.join("b-read-only"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o555
+    );
+    assert_eq!(
+        fs::metadata(forked.join("a-locked"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o000
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&fs::metadata(forked.join("link-to-f")).unwrap()),
+        std::os::unix::fs::MetadataExt::ino(
+            &fs::symlink_metadata(staging.join("w/a-locked/f")).unwrap()
+        )
+    );
+    daemon.unmount();
+
+    // A staging disk too small: the fork fails after making the read-only directories.
+    let small = work.join("small");
+    fs::create_dir(&small).unwrap();
+    crate::util::run(
+        std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=1m,mode=0700,uid=65534,gid=65534",
+                "ckptfs-test",
+            ])
+            .arg(&small),
+    )
+    .success();
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&small);
+    let small_staging = small.join("staging");
+    let daemon = mount_as_nobody(
+        work,
+        "full",
+        &["--staging-dir", small_staging.to_str().unwrap()],
+    );
+    let binary = shared_binary();
+    let out = run(as_nobody()
+        .arg(&binary)
+        .arg("fork")
+        .arg(&daemon.mnt)
+        .arg("latest")
+        .arg("w"));
+    assert!(
+        !out.status.success() && out.stderr.contains("No space left"),
+        "{out}"
+    );
+    let graveyard = small_staging.join(".ckptfs-graveyard");
+    assert_eq!(
+        fs::read_dir(&graveyard).unwrap().count(),
+        0,
+        "a failed fork left its tree"
+    );
+    assert!(!small_staging.join("w").exists());
+    daemon.unmount();
+    // The same staging directory serves a new mount.
+    let daemon = mount_as_nobody(
+        work,
+        "again",
+        &["--staging-dir", small_staging.to_str().unwrap()],
+    );
+    run(as_nobody()
+        .arg("test")
+        .arg("-d")
+        .arg(daemon.mnt.join("staging")))
+    .success();
+    daemon.unmount();
+}

@@ -1,23 +1,26 @@
-//! Forks: a workspace made in `staging/` from a verified checkpoint by the daemon, in
-//! one request (`ckptfs fork`, a `setxattr` on `staging/`), instead of the eight or so
-//! round trips per file a `cp -a` into the mount makes.
+//! Forks: an empty workspace filled by the daemon from a verified checkpoint, in one
+//! request (`ckptfs fork`: `mkdir staging/NAME`, then a `setxattr` on it), instead of
+//! the eight or so round trips per file a `cp -a` into the mount makes.
 //!
 //! Invariants:
-//! - the tree is built in a directory of the graveyard, which nothing but the daemon
-//!   reaches, and appears under its name in one `rename` that replaces nothing: no one
-//!   sees a half-made workspace, and a failure (a full disk) leaves nothing behind;
+//! - the tree is built in the graveyard, which nothing but the daemon reaches, and
+//!   its top-level names are moved into the workspace once it is whole, while the
+//!   kernel holds the workspace's lock for the request: no one sees a half-made tree,
+//!   and a failure (a full disk) leaves the workspace empty and the graveyard clean;
 //! - every byte comes from the checkpoint's verified cache files, copied by the kernel
 //!   (`copy_file_range`: a reflink where the filesystem has them); the cache is only
 //!   read, so a write to a forked file never reaches the checkpoint;
-//! - every entry is made new (`O_EXCL`, `mkdirat`, `symlinkat`) in a directory the fork
-//!   made, by a name from the verified index, and nothing is followed; the walk holds
-//!   one descriptor whatever the depth ([`beneath::Descent`]);
+//! - every entry is made new (`O_EXCL`, `mkdirat`, `symlinkat`, `linkat` of a file the
+//!   fork made) in a directory the fork made, by a name from the verified index, and
+//!   nothing is followed; the walk holds a few descriptors whatever the depth
+//!   ([`beneath::Descent`]), and memory per hard-linked file, not per link;
 //! - entries get the modes and times the checkpoint shows; when the daemon runs as
 //!   root, the owners it shows for a root caller (as `cp -a` by root gives them), the
 //!   caller's for anyone else; the daemon's own user's otherwise. The workspace's own
-//!   directory is the caller's, made now, with the mode of the archive's root.
+//!   directory is left as its maker made it (an archive's root has no attributes a
+//!   checkpoint keeps).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -52,7 +55,7 @@ const COPY_BUFFER: usize = 256 << 10;
 pub struct Forked {
     /// The workspace's FUSE inode.
     pub ino: u64,
-    /// Entries made, the workspace's own directory included.
+    /// Entries made in the workspace.
     pub entries: u64,
     /// Bytes of regular files copied.
     pub bytes: u64,
@@ -81,80 +84,130 @@ impl ForkOwners {
 }
 
 impl StagingTree {
-    /// Makes workspace `staging/NAME` for `caller`, holding the files of `checkpoint`
-    /// (see the module comment), whose entries are shown as owned by `shown` if
-    /// given. Fails with `EEXIST` if `NAME` is there already.
+    /// Fills the empty workspace directory `ino` (a name of `staging/` itself) for
+    /// `caller` with the files of `checkpoint` (see the module comment), whose entries
+    /// are shown as owned by `shown` if given. Returns what it made and the names it
+    /// put in the workspace, which the kernel may remember as absent.
     pub fn fork(
         &self,
-        name: &[u8],
+        ino: u64,
         checkpoint: &VerifiedCheckpoint,
         caller: Caller,
         shown: Option<(u32, u32)>,
-    ) -> Result<Forked, FsError> {
+    ) -> Result<(Forked, Vec<Vec<u8>>), FsError> {
         let owners = ForkOwners {
             can_chown: self.can_chown,
             caller,
             shown,
         };
-        self.not_graveyard(crate::fs::inode::STAGING, name)?;
-        if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
-            return Err(FsError::InvalidArgument);
-        }
+        let workspace = self.empty_workspace(ino)?;
         let root = checkpoint.index.node(0).ok_or(FsError::NotADirectory)?;
-        let temp = format!("fork-{}", NEXT_FORK.fetch_add(1, Ordering::Relaxed));
-        let temp = OsStr::new(&temp);
-        rfs::mkdirat(&*self.graveyard, temp, Mode::from_raw_mode(0o700)).map_err(os)?;
-        let built = beneath::open_dir(&*self.graveyard, temp)
-            .map_err(FsError::Os)
-            .and_then(|top| {
-                let (entries, bytes) = build(&top, checkpoint, owners)?;
-                Ok((top, entries, bytes))
-            });
-        let (top, entries, bytes) = match built {
-            Ok(built) => built,
-            Err(e) => {
-                self.discard(temp);
-                return Err(e);
-            }
+        let NodeKind::Dir { children } = &root.kind else {
+            return Err(FsError::NotADirectory);
         };
-        {
+        let n = NEXT_FORK.fetch_add(1, Ordering::Relaxed);
+        let (temp, links) = (format!("fork-{n}"), format!("fork-{n}-links"));
+        let (temp, links) = (OsStr::new(&temp), OsStr::new(&links));
+        let built = (|| {
+            for dir in [temp, links] {
+                rfs::mkdirat(&*self.graveyard, dir, Mode::from_raw_mode(0o700)).map_err(os)?;
+            }
+            let top = beneath::open_dir(&*self.graveyard, temp).map_err(FsError::Os)?;
+            let links = beneath::open_dir(&*self.graveyard, links).map_err(FsError::Os)?;
+            build(&top, &links, checkpoint, owners)
+        })();
+        let moved = built.and_then(|(entries, bytes, top_dirs)| {
             let _changing = self.changing();
-            if let Err(e) = rfs::renameat_with(
-                &*self.graveyard,
-                temp,
-                &*self.root_fd,
-                OsStr::from_bytes(name),
-                RenameFlags::NOREPLACE,
-            ) {
-                drop(_changing);
-                self.discard(temp);
-                return Err(match e {
-                    rustix::io::Errno::EXIST => FsError::Exists,
-                    e => os(e),
-                });
+            self.check_not_frozen(ino)?;
+            self.move_in(temp, &workspace, children)?;
+            // Moved first: a directory its owner cannot write cannot move to another
+            // parent (its `..` changes), for a daemon that is not root.
+            for (name, node) in top_dirs {
+                let node = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
+                set_dir_attrs(workspace.as_fd(), OsStr::from_bytes(name), node, owners)
+                    .map_err(FsError::Os)?;
+            }
+            Ok((entries, bytes))
+        });
+        for dir in [temp, links] {
+            if let Err(e) = beneath::remove_at(&*self.graveyard, dir) {
+                tracing::warn!(error = %e, "cannot remove a fork's scratch; it goes at the next start");
             }
         }
-        // After the move: a directory another user cannot write cannot be moved into
-        // another directory (its `..` changes) by a daemon that is not root.
-        set_root_attrs(&top, root, owners).map_err(FsError::Os)?;
-        let stat = rfs::fstat(&top).map_err(os)?;
-        let ino = self.fuse_ino(stat.st_ino);
+        let (entries, bytes) = moved?;
+        let stat = rfs::fstat(&workspace).map_err(os)?;
         let mut forked = self.forked.lock().expect("forked lock");
         if forked.len() >= FORKS_REMEMBERED
             && let Some(&some) = forked.keys().next()
         {
             forked.remove(&some);
         }
-        forked.insert(ino, (generation(&top, &stat), checkpoint.id.clone()));
-        Ok(Forked {
-            ino,
-            entries: entries + 1,
-            bytes,
-        })
+        forked.insert(ino, (generation(&workspace, &stat), checkpoint.id.clone()));
+        let names = children.iter().map(|(name, _)| name.clone()).collect();
+        Ok((
+            Forked {
+                ino,
+                entries,
+                bytes,
+            },
+            names,
+        ))
+    }
+
+    /// Workspace directory `ino`, opened, if it is a name of `staging/` itself, not
+    /// being sealed, and empty.
+    fn empty_workspace(&self, ino: u64) -> Result<OwnedFd, FsError> {
+        let top_level = matches!(
+            self.known.lock().expect("staging lock").get(&ino),
+            Some(super::Known { place: super::Place::Dir { parent, .. }, .. })
+                if *parent == crate::fs::inode::STAGING
+        );
+        if !top_level {
+            tracing::info!("fork refused: forks make workspaces, directories of staging/ itself");
+            return Err(FsError::InvalidArgument);
+        }
+        self.check_not_frozen(ino)?;
+        let fd = self.fd(ino)?;
+        let workspace = beneath::open_dir(&*fd, OsStr::new(".")).map_err(FsError::Os)?;
+        if !beneath::list(&workspace).map_err(FsError::Os)?.is_empty() {
+            return Err(FsError::Os(std::io::Error::from_raw_os_error(
+                libc::ENOTEMPTY,
+            )));
+        }
+        Ok(workspace)
+    }
+
+    /// Moves the built tree's top-level `names` from `temp` in the graveyard into the
+    /// workspace; on a failure, moves back what it moved. The kernel holds the
+    /// workspace's lock while the fork's request waits, so nothing is made in it
+    /// meanwhile through the mount.
+    fn move_in(
+        &self,
+        temp: &OsStr,
+        workspace: &OwnedFd,
+        names: &[(Vec<u8>, u32)],
+    ) -> Result<(), FsError> {
+        let from = beneath::open_dir(&*self.graveyard, temp).map_err(FsError::Os)?;
+        for (done, (name, _)) in names.iter().enumerate() {
+            let name = OsStr::from_bytes(name);
+            if let Err(e) = rfs::renameat_with(&from, name, workspace, name, RenameFlags::NOREPLACE)
+            {
+                for (back, _) in &names[..done] {
+                    let back = OsStr::from_bytes(back);
+                    let _ =
+                        rfs::renameat_with(workspace, back, &from, back, RenameFlags::NOREPLACE);
+                }
+                return Err(match e {
+                    Errno::EXIST => FsError::Os(std::io::Error::from_raw_os_error(libc::ENOTEMPTY)),
+                    e => os(e),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The checkpoint workspace directory `dir` (described by `stat`) was forked
-    /// from, if it was, and is still the very directory made then.
+    /// from, if it was, and is still the very directory filled then.
     pub(super) fn forked_from(&self, dir: &OwnedFd, stat: &rfs::Stat) -> Option<CheckpointId> {
         let forked = self.forked.lock().expect("forked lock");
         let (made, id) = forked.get(&self.fuse_ino(stat.st_ino))?;
@@ -165,31 +218,32 @@ impl StagingTree {
     pub(super) fn forget_fork(&self, ino: u64) {
         self.forked.lock().expect("forked lock").remove(&ino);
     }
-
-    fn discard(&self, temp: &OsStr) {
-        if let Err(e) = beneath::remove_at(&*self.graveyard, temp) {
-            tracing::warn!(error = %e, "cannot remove a failed fork; it goes at the next start");
-        }
-    }
 }
 
-/// Makes the children of `checkpoint`'s root in `top`, depth first; returns the
-/// entries made and the bytes copied. A directory gets its attributes once its
+/// Entries made, bytes copied, and the top-level directories (name, node).
+type Built<'a> = (u64, u64, Vec<(&'a [u8], u32)>);
+
+/// Makes the tree of `checkpoint`'s root in `top`, depth first; returns the entries
+/// made, the bytes copied, and the top-level directories, whose attributes are for the
+/// caller to set once they are moved. A directory gets its attributes once its
 /// children are made, so that neither a read-only mode nor the new entries' own
-/// `mtime` changes get in the way.
-fn build(
+/// `mtime` changes get in the way. The first name of a file with several links is also linked into
+/// `links` by its node number, and its other names are made from there: a name a
+/// directory away costs neither memory for its path nor opening that path again.
+fn build<'a>(
     top: &OwnedFd,
-    checkpoint: &VerifiedCheckpoint,
+    links: &OwnedFd,
+    checkpoint: &'a VerifiedCheckpoint,
     owners: ForkOwners,
-) -> Result<(u64, u64), FsError> {
+) -> Result<Built<'a>, FsError> {
     let index = &checkpoint.index;
     let mut walk =
         beneath::Descent::new(beneath::open_dir(top, OsStr::new(".")).map_err(FsError::Os)?);
     // (directory node, next child), from the root down to where the walk is.
     let mut stack: Vec<(u32, usize)> = vec![(0, 0)];
     let mut path: Vec<&[u8]> = Vec::new();
-    // Where the first name of each file with several links was made.
-    let mut first_links: HashMap<u32, (Vec<Vec<u8>>, Vec<u8>)> = HashMap::new();
+    let mut linked: HashSet<u32> = HashSet::new();
+    let mut top_dirs = Vec::new();
     let (mut entries, mut bytes) = (0u64, 0u64);
     while let Some(&mut (dir, ref mut next)) = stack.last_mut() {
         let Some(NodeKind::Dir { children }) = index.node(dir).map(|n| &n.kind) else {
@@ -199,9 +253,13 @@ fn build(
             stack.pop();
             if let Some(name) = path.pop() {
                 walk.leave().map_err(FsError::Os)?;
-                let node = index.node(dir).ok_or(FsError::NotFound)?;
-                set_dir_attrs(walk.dir(), OsStr::from_bytes(name), node, owners)
-                    .map_err(FsError::Os)?;
+                if path.is_empty() {
+                    top_dirs.push((name, dir));
+                } else {
+                    let node = index.node(dir).ok_or(FsError::NotFound)?;
+                    set_dir_attrs(walk.dir(), OsStr::from_bytes(name), node, owners)
+                        .map_err(FsError::Os)?;
+                }
             }
             continue;
         };
@@ -213,6 +271,7 @@ fn build(
         let c_name = OsStr::from_bytes(name);
         let at = walk.dir();
         entries += 1;
+        let link_name = child.to_string();
         match &node.kind {
             NodeKind::Dir { .. } => {
                 rfs::mkdirat(at, c_name, Mode::from_raw_mode(0o700)).map_err(os)?;
@@ -224,31 +283,22 @@ fn build(
                 rfs::symlinkat(OsStr::from_bytes(target), at, c_name).map_err(os)?;
                 set_owner_and_times(at, c_name, node, owners).map_err(FsError::Os)?;
             }
-            NodeKind::File { .. } if node.nlink > 1 && first_links.contains_key(child) => {
-                let (dir_path, first) = &first_links[child];
-                let parts: Vec<&[u8]> = dir_path.iter().map(Vec::as_slice).collect();
-                let from = beneath::open_dir_path(top.as_fd(), &parts).map_err(FsError::Os)?;
-                rfs::linkat(
-                    &from,
-                    OsStr::from_bytes(first),
-                    at,
-                    c_name,
-                    AtFlags::empty(),
-                )
-                .map_err(os)?;
+            NodeKind::File { .. } if node.nlink > 1 && linked.contains(child) => {
+                rfs::linkat(links, link_name.as_str(), at, c_name, AtFlags::empty()).map_err(os)?;
             }
             NodeKind::File { size, location, .. } => {
                 bytes += copy_file(
                     at, c_name, checkpoint, *child, *size, *location, node, owners,
                 )?;
                 if node.nlink > 1 {
-                    let dir_path = path.iter().map(|p| p.to_vec()).collect();
-                    first_links.insert(*child, (dir_path, name.clone()));
+                    rfs::linkat(at, c_name, links, link_name.as_str(), AtFlags::empty())
+                        .map_err(os)?;
+                    linked.insert(*child);
                 }
             }
         }
     }
-    Ok((entries, bytes))
+    Ok((entries, bytes, top_dirs))
 }
 
 /// Makes file `name` in `dir` with the bytes of `node`, copied by the kernel from the
@@ -356,19 +406,6 @@ fn set_dir_attrs(
 ) -> std::io::Result<()> {
     beneath::chmod_at(dir, name, node.mode & 0o7777)?;
     set_owner_and_times(dir, name, node, owners)
-}
-
-/// The workspace's own directory: the caller's (when the daemon can give it away),
-/// with the mode of the archive's root and the time it was made. The owner and time
-/// of an archive's root are not part of a checkpoint (`put` does not store them), so
-/// none is taken from it.
-fn set_root_attrs(top: &OwnedFd, root: &Node, owners: ForkOwners) -> std::io::Result<()> {
-    if owners.can_chown {
-        let (uid, gid) = uid_gid((owners.caller.uid, owners.caller.gid));
-        let flags = AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW;
-        rfs::chownat(top, "", Some(uid), Some(gid), flags).map_err(std::io::Error::from)?;
-    }
-    beneath::chmod_opened(top, root.mode & 0o7777)
 }
 
 /// Owner and times of entry `name` in `dir`, never of what it points to (a

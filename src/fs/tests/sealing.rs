@@ -327,27 +327,32 @@ fn a_seal_without_its_cache_still_refuses_what_the_mount_could_not_read() {
     );
 }
 
-/// Sets `user.ckptfs.fork` on `staging/` and waits for the answer.
-fn fork(fs: &CheckpointFs, value: &[u8], caller: Caller) -> Result<(), FsError> {
+/// Sets `user.ckptfs.fork` to `value` on `ino` and waits for the answer.
+fn fork(fs: &CheckpointFs, ino: u64, value: &[u8]) -> Result<(), FsError> {
     let (tx, rx) = mpsc::channel();
     let done = Box::new(move |r| tx.send(r).unwrap());
-    fs.setxattr(inode::STAGING, b"user.ckptfs.fork", value, caller, done);
+    fs.setxattr(ino, b"user.ckptfs.fork", value, ROOT_CALLER, done);
     rx.recv_timeout(Duration::from_secs(60)).unwrap()
 }
 
-/// A fork makes the checkpoint's tree in the backing directory, out of sight until
-/// whole (the graveyard is empty after it), and its seal names the checkpoint as its
-/// parent; a second fork of the same name, or of a name past the graveyard, fails and
-/// changes nothing.
+/// A fork fills an empty workspace with the checkpoint's tree, built out of sight (the
+/// graveyard is empty after it), and its seal names the checkpoint as its parent; a
+/// fork into a workspace that is not empty, into `staging/` itself, into a file or
+/// from a checkpoint that is not there fails and changes nothing.
 #[test]
-fn a_fork_makes_the_tree_and_its_seal_names_its_parent() {
+fn a_fork_fills_a_workspace_and_its_seal_names_its_parent() {
     let (f, ids) = fixture(&[&[
         ("a.txt", b"one"),
         ("d/e/f.txt", b"deep"),
         ("big", &[7; 100_000]),
     ]]);
-    let value = |name: &str| format!("{}/{name}", &ids[0].as_str()[..12]).into_bytes();
-    fork(&f.fs, &value("ws"), ROOT_CALLER).unwrap();
+    let id = &ids[0].as_str()[..12];
+    let ws_ino =
+        f.fs.mkdir(inode::STAGING, b"ws", 0o755, ROOT_CALLER)
+            .unwrap()
+            .attr
+            .ino;
+    fork(&f.fs, ws_ino, id.as_bytes()).unwrap();
     let ws = f.staging_dir.join("ws");
     assert_eq!(std::fs::read(ws.join("a.txt")).unwrap(), b"one");
     assert_eq!(std::fs::read(ws.join("d/e/f.txt")).unwrap(), b"deep");
@@ -355,19 +360,27 @@ fn a_fork_makes_the_tree_and_its_seal_names_its_parent() {
     let graveyard = f.staging_dir.join(".ckptfs-graveyard");
     assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 0);
 
+    let errno = |ino, value: &[u8]| fork(&f.fs, ino, value).unwrap_err().errno();
+    assert_eq!(errno(ws_ino, id.as_bytes()), libc::ENOTEMPTY);
+    assert_eq!(errno(inode::STAGING, id.as_bytes()), libc::EINVAL);
+    let a = f.fs.lookup(ws_ino, b"a.txt").unwrap().attr.ino;
+    assert_eq!(errno(a, id.as_bytes()), libc::EINVAL);
+    let other =
+        f.fs.mkdir(inode::STAGING, b"other", 0o755, ROOT_CALLER)
+            .unwrap()
+            .attr
+            .ino;
+    assert_eq!(errno(other, b"0123456789abcdef"), libc::ENOENT);
+    assert_eq!(errno(other, b"0123"), libc::EINVAL);
     assert_eq!(
-        fork(&f.fs, &value("ws"), ROOT_CALLER).unwrap_err().errno(),
-        libc::EEXIST
-    );
-    assert_eq!(
-        fork(&f.fs, &value(".ckptfs-graveyard"), ROOT_CALLER)
-            .unwrap_err()
-            .errno(),
-        libc::EPERM
+        std::fs::read_dir(f.staging_dir.join("other"))
+            .unwrap()
+            .count(),
+        0
     );
     assert_eq!(std::fs::read_dir(&graveyard).unwrap().count(), 0);
+    assert_eq!(std::fs::read(ws.join("a.txt")).unwrap(), b"one");
 
-    let ws_ino = f.fs.lookup(inode::STAGING, b"ws").unwrap().attr.ino;
     let (entry, opened) =
         f.fs.create(ws_ino, b"new.txt", 0o644, libc::O_WRONLY, ROOT_CALLER)
             .unwrap();
