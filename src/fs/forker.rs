@@ -156,7 +156,7 @@ impl Forker {
         }
         tracing::info!(
             checkpoint = %checkpoint.id,
-            workspace = forked.ino,
+            workspace = ino,
             entries = forked.entries,
             bytes = forked.bytes,
             seconds = started.elapsed().as_secs_f64(),

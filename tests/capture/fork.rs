@@ -11,7 +11,7 @@ use std::path::Path;
 use super::{cp_a, make_workspace, sh};
 use crate::util::mount::{Mount, repo_temp_dir};
 use crate::util::tree::{assert_same_tree, fix_mtimes, make_small_tree};
-use crate::util::{TestStore, ckptfs, run, sha256_hex};
+use crate::util::{SmallDisk, TestStore, ckptfs, run, sha256_hex};
 
 /// `ckptfs fork MNT REF NAME`, whatever its outcome.
 fn fork(mount: &Path, reference: &str, name: &str) -> crate::util::Output {
@@ -239,18 +239,7 @@ fn a_fork_onto_a_full_disk_fails_and_leaves_nothing() {
     make_workspace(&tree);
     let (id, _) = store.put(&tree, &[]);
     let small = work.path().join("small");
-    fs::create_dir(&small).unwrap();
-    run(std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "ckptfs-test"])
-        .arg(&small))
-    .success();
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&small);
+    let _disk = SmallDisk::mount(&small, "size=1m,mode=0700");
     let staging = small.join("staging");
     {
         let mount = Mount::new(&store)

@@ -258,26 +258,7 @@ fn a_daemon_that_is_not_root_forks_read_only_trees_and_cleans_up_a_failed_fork()
 
     // A staging disk too small: the fork fails after making the read-only directories.
     let small = work.join("small");
-    fs::create_dir(&small).unwrap();
-    crate::util::run(
-        std::process::Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                "size=1m,mode=0700,uid=65534,gid=65534",
-                "ckptfs-test",
-            ])
-            .arg(&small),
-    )
-    .success();
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&small);
+    let _disk = crate::util::SmallDisk::mount(&small, "size=1m,mode=0700,uid=65534,gid=65534");
     let small_staging = small.join("staging");
     let daemon = mount_as_nobody(
         work,

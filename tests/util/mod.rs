@@ -855,3 +855,25 @@ fn rfc3339_parser_knows_the_epoch() {
     assert_eq!(parse_rfc3339_utc("2026-11-29 07:08:00Z"), None);
     assert_eq!(parse_rfc3339_utc("2026-11-29T07:08:00+00:00"), None);
 }
+
+/// A tmpfs mounted at a new directory `dir` with the mount `options` (`size=1m,...`),
+/// unmounted when dropped: a small disk for tests of a full one.
+pub struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    #[track_caller]
+    pub fn mount(dir: &Path, options: &str) -> SmallDisk {
+        std::fs::create_dir(dir).expect("create the small disk's mount point");
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "ckptfs-test"])
+            .arg(dir))
+        .success();
+        SmallDisk(dir.to_owned())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

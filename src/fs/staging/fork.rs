@@ -53,8 +53,6 @@ const COPY_BUFFER: usize = 256 << 10;
 /// What a fork made.
 #[derive(Debug, Clone, Copy)]
 pub struct Forked {
-    /// The workspace's FUSE inode.
-    pub ino: u64,
     /// Entries made in the workspace.
     pub entries: u64,
     /// Bytes of regular files copied.
@@ -114,12 +112,12 @@ impl StagingTree {
             }
             let top = beneath::open_dir(&*self.graveyard, temp).map_err(FsError::Os)?;
             let links = beneath::open_dir(&*self.graveyard, links).map_err(FsError::Os)?;
-            build(&top, &links, checkpoint, owners)
+            build(&top, &links, checkpoint, owners).map(|built| (top, built))
         })();
-        let moved = built.and_then(|(entries, bytes, top_dirs)| {
+        let moved = built.and_then(|(top, (entries, bytes, top_dirs))| {
             let _changing = self.changing();
             self.check_not_frozen(ino)?;
-            self.move_in(temp, &workspace, children)?;
+            move_in(&top, &workspace, children)?;
             // Moved first: a directory its owner cannot write cannot move to another
             // parent (its `..` changes), for a daemon that is not root.
             for (name, node) in top_dirs {
@@ -144,14 +142,7 @@ impl StagingTree {
         }
         forked.insert(ino, (generation(&workspace, &stat), checkpoint.id.clone()));
         let names = children.iter().map(|(name, _)| name.clone()).collect();
-        Ok((
-            Forked {
-                ino,
-                entries,
-                bytes,
-            },
-            names,
-        ))
+        Ok((Forked { entries, bytes }, names))
     }
 
     /// Workspace directory `ino`, opened, if it is a name of `staging/` itself, not
@@ -177,35 +168,6 @@ impl StagingTree {
         Ok(workspace)
     }
 
-    /// Moves the built tree's top-level `names` from `temp` in the graveyard into the
-    /// workspace; on a failure, moves back what it moved. The kernel holds the
-    /// workspace's lock while the fork's request waits, so nothing is made in it
-    /// meanwhile through the mount.
-    fn move_in(
-        &self,
-        temp: &OsStr,
-        workspace: &OwnedFd,
-        names: &[(Vec<u8>, u32)],
-    ) -> Result<(), FsError> {
-        let from = beneath::open_dir(&*self.graveyard, temp).map_err(FsError::Os)?;
-        for (done, (name, _)) in names.iter().enumerate() {
-            let name = OsStr::from_bytes(name);
-            if let Err(e) = rfs::renameat_with(&from, name, workspace, name, RenameFlags::NOREPLACE)
-            {
-                for (back, _) in &names[..done] {
-                    let back = OsStr::from_bytes(back);
-                    let _ =
-                        rfs::renameat_with(workspace, back, &from, back, RenameFlags::NOREPLACE);
-                }
-                return Err(match e {
-                    Errno::EXIST => FsError::Os(std::io::Error::from_raw_os_error(libc::ENOTEMPTY)),
-                    e => os(e),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// The checkpoint workspace directory `dir` (described by `stat`) was forked
     /// from, if it was, and is still the very directory filled then.
     pub(super) fn forked_from(&self, dir: &OwnedFd, stat: &rfs::Stat) -> Option<CheckpointId> {
@@ -220,6 +182,27 @@ impl StagingTree {
     }
 }
 
+/// Moves the built tree's top-level `names` from `top` (in the graveyard) into the
+/// workspace; on a failure, moves back what it moved. The kernel holds the
+/// workspace's lock while the fork's request waits, so nothing is made in it
+/// meanwhile through the mount.
+fn move_in(top: &OwnedFd, workspace: &OwnedFd, names: &[(Vec<u8>, u32)]) -> Result<(), FsError> {
+    for (done, (name, _)) in names.iter().enumerate() {
+        let name = OsStr::from_bytes(name);
+        if let Err(e) = rfs::renameat_with(top, name, workspace, name, RenameFlags::NOREPLACE) {
+            for (back, _) in &names[..done] {
+                let back = OsStr::from_bytes(back);
+                let _ = rfs::renameat_with(workspace, back, top, back, RenameFlags::NOREPLACE);
+            }
+            return Err(match e {
+                Errno::EXIST => FsError::Os(std::io::Error::from_raw_os_error(libc::ENOTEMPTY)),
+                e => os(e),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Entries made, bytes copied, and the top-level directories (name, node).
 type Built<'a> = (u64, u64, Vec<(&'a [u8], u32)>);
 
@@ -227,9 +210,10 @@ type Built<'a> = (u64, u64, Vec<(&'a [u8], u32)>);
 /// made, the bytes copied, and the top-level directories, whose attributes are for the
 /// caller to set once they are moved. A directory gets its attributes once its
 /// children are made, so that neither a read-only mode nor the new entries' own
-/// `mtime` changes get in the way. The first name of a file with several links is also linked into
-/// `links` by its node number, and its other names are made from there: a name a
-/// directory away costs neither memory for its path nor opening that path again.
+/// `mtime` changes get in the way. The first name of a file with several links is
+/// also linked into `links` by its node number, and its other names are made from
+/// there: a name a directory away costs neither memory for its path nor opening that
+/// path again.
 fn build<'a>(
     top: &OwnedFd,
     links: &OwnedFd,
