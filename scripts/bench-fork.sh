@@ -8,7 +8,9 @@
 #   local copy  cp -a TREE/. DIR/ between two directories of the same disk: what a
 #               user does instead of either
 # and, in each, one file changed in the forked workspace and in the copied one, each
-# sealed (mv MNT/staging/NAME MNT/commit/), against a full put of the same tree
+# sealed (mv MNT/staging/NAME MNT/commit/; the fork's seal after the daemon's capture
+# of the new workspace, which records what the seal may leave unread, has ended),
+# against a full put of the same tree
 # (--member-cache-size 0: every file read, every member compressed). Prints Markdown
 # on stdout (progress on stderr); see BENCHMARKS.md, section 6.
 #
@@ -80,12 +82,24 @@ seal_one() {
     record "${key}_s" "$(step_secs "$key")"
 }
 
+RECORDED="recorded what the forked workspace holds"
 fork_run() {
+    local before
+    before="$(grep -c "$RECORDED" "$CACHE/ckptfs.log" || true)"
     settle
     run_begin
     tm fork "$CKPTFS" fork "$MNT" "$SHA" "fork-$1" 2>/dev/null || die "fork failed"
     record fork_s "$(step_secs fork)"
     diff -r "$MNT/$SHA" "$MNT/staging/fork-$1" >/dev/null || die "the fork differs from its checkpoint"
+    # The daemon then captures the workspace in the background to record what its
+    # seal may leave unread; wait for it, as an agent's work on the turn would.
+    for _ in $(seq 1 600); do
+        [ "$(grep -c "$RECORDED" "$CACHE/ckptfs.log" || true)" -gt "$before" ] && break
+        sleep 0.1
+    done
+    [ "$(grep -c "$RECORDED" "$CACHE/ckptfs.log" || true)" -gt "$before" ] || die "the fork was never recorded"
+    grep "$RECORDED" "$CACHE/ckptfs.log" | tail -n 1 | sed -E 's/.*elapsed=([0-9.]+)(m?s).*/\1 \2/' |
+        awk '{ print ($2 == "ms") ? $1 / 1000 : $1 }' >>"$RES/record_s"
 }
 copy_run() {
     mkdir "$MNT/staging/copy-$1"
@@ -134,8 +148,11 @@ md_row "\`cp -a TREE/. DIR/\`, same disk" "$(f2 "$local_copy")" "1.00" ""
 md_row "\`ckptfs fork MNT <sha256> NAME\`" "$(f2 "$(med fork_s)")" "**$(ratio "$(med fork_s)" "$local_copy")** of the local copy" "≤ 0.5"
 md_row "\`cp -a MNT/<sha256>/. MNT/staging/NAME/\`" "$(f2 "$(med copy_s)")" "$(ratio "$(med copy_s)" "$local_copy") of the local copy" ""
 md_row "full put of the tree (\`--member-cache-size 0\`)" "$(f2 "$full")" "1.00" ""
-md_row "seal of a one-file change after a fork" "$(f2 "$(med fork_seal_s)")" "**$(ratio "$(med fork_seal_s)" "$full")** of the full put" "≤ 0.15"
+md_row "seal of a one-file change after a fork (its files unread but the changed one)" "$(f2 "$(med fork_seal_s)")" "**$(ratio "$(med fork_seal_s)" "$full")** of the full put" "≤ 0.15"
 md_row "seal of a one-file change after \`cp -a\` from the checkpoint" "$(f2 "$(med copy_seal_s)")" "$(ratio "$(med copy_seal_s)" "$full") of the full put" ""
+echo
+echo "The capture that records a fork for its seal ran in the background after each fork, at the lowest" \
+    "CPU priority, and the script waited for it: $(xargs <"$RES/record_s") s."
 echo
 echo "Runs in order (seconds): fork $(xargs <"$RES/fork_s"); cp -a into staging $(xargs <"$RES/copy_s");" \
     "local cp -a $(xargs <"$RES/local_copy_s"); seal after fork $(xargs <"$RES/fork_seal_s");" \

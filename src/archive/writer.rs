@@ -54,7 +54,8 @@ pub struct WriterOptions {
     pub members: Option<Arc<dyn MemberSource>>,
     /// What the capture before of this tree recorded (with `members` only): files
     /// whose stamp it saw are not read unless their member has to be made again.
-    /// Not used when the tar stream is copied (a seal indexes every byte).
+    /// A copy of the tar stream then has zeros in place of their contents (see
+    /// [`write_archive_with_copy`]).
     pub tree: Option<Arc<dyn TreeRecords>>,
 }
 
@@ -80,7 +81,10 @@ pub fn write_archive<W: Write>(
 /// Like [`write_archive`], and also writes the uncompressed tar stream to `tar_copy`
 /// (best effort: if `tar_copy` fails, copying stops and the archive goes on). Sealing
 /// indexes the copy, so that a new checkpoint is served from the very bytes that
-/// were compressed and hashed, without decompressing them again.
+/// were compressed and hashed, without decompressing them again. With
+/// `options.tree`, the contents of files left unread are zeros in the copy: it then
+/// shows the stream's entries, names and sizes (what a reader's limits look at),
+/// not its contents.
 pub fn write_archive_with_copy<W: Write>(
     root: BorrowedFd<'_>,
     out: W,
@@ -96,13 +100,13 @@ fn write_tree<W: Write>(
     options: &WriterOptions,
     tar_copy: Option<&mut dyn Write>,
 ) -> Result<WrittenArchive, ArchiveError> {
-    let tree = match (&options.tree, &tar_copy) {
-        (Some(records), None) => {
+    let tree = match &options.tree {
+        Some(records) => {
             let root = root.try_clone_to_owned().map_err(io_error("open", b"."))?;
             let files: Arc<dyn UnreadSource> = Arc::new(TreeFiles { root });
             Some((Arc::clone(records), files))
         }
-        _ => None,
+        None => None,
     };
     let hashing = HashingWriter {
         inner: out,
@@ -216,6 +220,11 @@ impl<W: Write> Tee<'_, W> {
         }
         self.gz.write_unread(Arc::new(file))?;
         self.written += size;
+        if let Some(copy) = &mut self.copy
+            && io::copy(&mut io::repeat(0).take(size), copy).is_err()
+        {
+            self.copy = None;
+        }
         Ok(())
     }
 }
@@ -433,7 +442,7 @@ impl Walk {
         let stamp = stamp(&stat)
             .filter(|_| size > 0 && records.is_some_and(|r| self.settled(&stat, r.settle())));
         match stamp {
-            Some(stamp) if tee.copy.is_none() && records.is_some_and(|r| r.seen(&stamp)) => {
+            Some(stamp) if records.is_some_and(|r| r.seen(&stamp)) => {
                 drop(fd);
                 tee.write_unread(UnreadFile {
                     stamp,

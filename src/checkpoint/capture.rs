@@ -151,6 +151,9 @@ pub enum Source<'a> {
     Tree(Option<Arc<dyn TreeRecords>>),
     /// Copies the uncompressed tar stream (a seal, which indexes it).
     Copy(&'a mut dyn io::Write),
+    /// Both: files the records saw are left unread, and the copy has zeros for their
+    /// contents (a seal that checks the stream's shape and indexes nothing).
+    TreeAndCopy(Arc<dyn TreeRecords>, &'a mut dyn io::Write),
 }
 
 /// Archives `dir` into a temporary file (deleted when dropped), hashing it on the way.
@@ -183,6 +186,10 @@ pub fn write_archive_file(
             writer::write_archive(dir, out, &writer_options)?
         }
         Source::Copy(tar_copy) => {
+            writer::write_archive_with_copy(dir, out, &writer_options, tar_copy)?
+        }
+        Source::TreeAndCopy(tree, tar_copy) => {
+            writer_options.tree = Some(tree);
             writer::write_archive_with_copy(dir, out, &writer_options, tar_copy)?
         }
     };

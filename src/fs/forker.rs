@@ -26,8 +26,11 @@ use super::error::FsError;
 use super::listing::{Catalog, Slot};
 use super::loader::Loader;
 use super::primer::Primer;
+use super::sealer::Sealer;
+use super::staging::Forked;
 use super::staging::{Caller, StagingTree};
 use super::subtree::KernelCache;
+use crate::cache::VerifiedCheckpoint;
 
 /// The extended attribute that forks a workspace.
 pub const FORK_ATTRIBUTE: &str = "user.ckptfs.fork";
@@ -38,14 +41,27 @@ const FORKS_AT_ONCE: usize = 4;
 /// The shortest prefix of a checkpoint id a fork takes.
 const SHORTEST_PREFIX: usize = 8;
 
+/// How long after a fork its workspace is captured for records (see
+/// [`Forker::record`]).
+const RECORD_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Called with a fork's outcome, from the fork's thread.
 pub type ForkDone = Box<dyn FnOnce(Result<(), FsError>) + Send>;
+
+/// What a fork made: the names made in the workspace, and the checkpoint they are
+/// from.
+struct Made {
+    names: Vec<Vec<u8>>,
+    forked: Forked,
+    checkpoint: Arc<VerifiedCheckpoint>,
+}
 
 pub struct Forker {
     pub(super) catalog: Arc<Catalog>,
     pub(super) loader: Arc<Loader>,
     pub(super) staging: Arc<StagingTree>,
     pub(super) primer: Option<Arc<Primer>>,
+    pub(super) sealer: Arc<Sealer>,
     pub(super) kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
     /// The owner every checkpoint entry is shown with, if one is.
     pub(super) shown_owner: Option<(u32, u32)>,
@@ -72,9 +88,10 @@ impl Forker {
                 let result = forker.fork_now(ino, &slot, caller);
                 forker.running.fetch_sub(1, Ordering::SeqCst);
                 match result {
-                    Ok(names) => {
+                    Ok(made) => {
                         done(Ok(()));
-                        forker.forget_absent(ino, &names);
+                        forker.forget_absent(ino, &made.names);
+                        forker.record(made.forked, &made.checkpoint);
                     }
                     Err(e) => done(Err(e)),
                 }
@@ -121,13 +138,8 @@ impl Forker {
         }
     }
 
-    /// Fills workspace `ino`; returns the names made in it.
-    fn fork_now(
-        &self,
-        ino: u64,
-        slot: &Arc<Slot>,
-        caller: Caller,
-    ) -> Result<Vec<Vec<u8>>, FsError> {
+    /// Fills workspace `ino`.
+    fn fork_now(&self, ino: u64, slot: &Arc<Slot>, caller: Caller) -> Result<Made, FsError> {
         if self.loader.must_wait(slot) {
             let (loaded, wait) = std::sync::mpsc::sync_channel(1);
             self.loader.when_loaded(
@@ -146,10 +158,6 @@ impl Forker {
             .inspect_err(
                 |e| tracing::info!(checkpoint = %checkpoint.id, error = %e, "fork failed"),
             )?;
-        // The seal of the new turn then compresses only what changed.
-        if let Some(primer) = &self.primer {
-            primer.prime(&checkpoint);
-        }
         // The kernel holds the workspace's attributes and its (empty) listing.
         if let Some(kernel) = self.kernel.get() {
             kernel.forget_attributes(ino);
@@ -162,7 +170,28 @@ impl Forker {
             seconds = started.elapsed().as_secs_f64(),
             "forked"
         );
-        Ok(names)
+        Ok(Made {
+            names,
+            forked,
+            checkpoint,
+        })
+    }
+
+    /// Has the new workspace captured as its seal would capture it, keeping what that
+    /// saw of each file and the members it made (see [`Sealer::record_fork`]), so that
+    /// the seal of the new turn reads and compresses only what changed; failing that,
+    /// has the checkpoint's members primed, so that it compresses only that.
+    fn record(&self, forked: Forked, checkpoint: &Arc<VerifiedCheckpoint>) {
+        // Files changed within the writer's racy bound of a capture's start are read
+        // but not recorded: let the last ones the fork made age past it.
+        std::thread::sleep(RECORD_AFTER);
+        if !self
+            .sealer
+            .record_fork(forked.workspace, forked.records, forked.bytes)
+            && let Some(primer) = &self.primer
+        {
+            primer.prime(checkpoint);
+        }
     }
 
     /// Drops what the kernel may remember as absent from the workspace: the names the

@@ -161,6 +161,7 @@ impl CheckpointFs {
             loader: Arc::clone(&loader),
             staging: Arc::clone(&staging),
             primer: primer.clone(),
+            sealer: Arc::clone(&sealer),
             kernel: Arc::clone(&kernel),
             shown_owner: config.owner_override,
             running: Default::default(),

@@ -4,7 +4,11 @@
 //! NAME, writes it with the same archive writer as `ckptfs put`, stores it with the
 //! same put path (a stored object of that name counts only once verified), indexes
 //! the very bytes that were hashed into the cache (so the new checkpoint is browsable
-//! without a download), and only then answers. `commit/NAME` becomes a symlink to
+//! without a download), and only then answers. A forked workspace whose capture after
+//! the fork left records ([`Sealer::record_fork`]) is sealed reading only the files
+//! changed since; its tar stream then lacks the others' bytes, so it is only checked
+//! against the mount's limits, and the new checkpoint is loaded from the store in
+//! the background. `commit/NAME` becomes a symlink to
 //! `../<sha256>` and the staged copy is deleted: only once the store holds a good
 //! object, so no seal loses a workspace.
 //!
@@ -22,7 +26,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
@@ -39,6 +43,7 @@ use crate::checkpoint::{
     self, CheckpointError, CheckpointId, CheckpointInfo, PutOptions, PutReport, StoreOutcome,
 };
 use crate::members::store::MemberCache;
+use crate::members::tree::TreeMembers;
 use crate::pipe::pipe;
 use crate::store::ObjectStore;
 
@@ -89,6 +94,25 @@ pub struct Sealer {
     loader: Arc<Loader>,
     config: SealerConfig,
     seals: Mutex<Seals>,
+    /// Captures of forked workspaces running or waiting ([`Sealer::record_fork`]),
+    /// and the lock that lets one run.
+    recording: AtomicUsize,
+    record_lock: Mutex<()>,
+}
+
+/// What reads the copy of a seal's tar stream.
+enum Indexer {
+    /// Indexes it into a new cache entry.
+    Entry(
+        std::thread::JoinHandle<(
+            crate::cache::PendingEntry,
+            Result<index::Index, ArchiveError>,
+        )>,
+    ),
+    /// Only checks that the mount could read it back.
+    Check(std::thread::JoinHandle<Result<(), ArchiveError>>),
+    /// No cache entry could be started: the archive is checked afterwards.
+    None,
 }
 
 /// A name as the first field of a `.status` seal line: escaped, and its colons too
@@ -146,6 +170,8 @@ impl Sealer {
             loader,
             config,
             seals: Mutex::new(Seals::default()),
+            recording: AtomicUsize::new(0),
+            record_lock: Mutex::new(()),
         };
         sealer.recover();
         sealer
@@ -331,7 +357,8 @@ impl Sealer {
             1 => frozen.copied_from.iter().next().cloned(),
             _ => None,
         };
-        let result = self.seal_frozen(frozen.dir.as_fd(), parent);
+        let records = frozen.forked.and_then(|key| self.fork_records(&key));
+        let result = self.seal_frozen(frozen.dir.as_fd(), parent, records);
         if result.is_ok() {
             if let Err(e) = self.staging.remove_sealed(frozen) {
                 let shown = crate::printable::escape(name);
@@ -362,10 +389,91 @@ impl Sealer {
         }
     }
 
+    /// The records of the capture that followed the fork of a workspace
+    /// ([`Sealer::record_fork`]), if there are any.
+    fn fork_records(&self, key: &[u8; 32]) -> Option<Arc<TreeMembers>> {
+        let members = self.config.members.clone()?;
+        // Stamps are exact here: every write to a staged file is the daemon's own,
+        // and none is pending once the workspace is frozen (a mapped file is open,
+        // and the kernel writes a mapping's pages back when it is unmapped). Only
+        // the clock's tick is left, which the writer's racy bound covers.
+        let records = TreeMembers::of_fork(members, key, std::time::Duration::ZERO);
+        records.has_records().then(|| Arc::new(records))
+    }
+
+    /// Captures a forked workspace as a seal of it would, writing nothing, to record
+    /// what it saw of each file (under `key`): the seal then reads only the files
+    /// changed since (see `crate::members::tree`). On the calling thread, which it
+    /// gives the lowest CPU priority; at most one at a time, and one waiting. It stops
+    /// once it has read twice what the fork made (`forked_bytes`), and 64 MiB more:
+    /// what is written into the workspace after the fork is the seal's to read, and
+    /// a file made huge and sparse there must not cost the daemon more than that.
+    /// Whether it recorded the workspace.
+    pub fn record_fork(
+        &self,
+        workspace: std::os::fd::OwnedFd,
+        key: [u8; 32],
+        forked_bytes: u64,
+    ) -> bool {
+        let Some(members) = self.config.members.clone() else {
+            return false;
+        };
+        if self.recording.fetch_add(1, Ordering::SeqCst) >= 2 {
+            self.recording.fetch_sub(1, Ordering::SeqCst);
+            tracing::debug!("a fork's capture is skipped: two are running or waiting");
+            return false;
+        }
+        let _one = self.record_lock.lock().expect("record lock");
+        // SAFETY: setpriority has no memory preconditions; on Linux a thread id
+        // names that thread alone (the compression threads it starts inherit it).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
+        let started = std::time::Instant::now();
+        let records = Arc::new(TreeMembers::of_fork(
+            Arc::clone(&members),
+            &key,
+            std::time::Duration::ZERO,
+        ));
+        let options = crate::archive::writer::WriterOptions {
+            max_size: self.config.max_archive_size,
+            max_unpacked: forked_bytes
+                .saturating_mul(2)
+                .saturating_add(64 << 20)
+                .min(self.config.limits.max_unpacked_bytes),
+            threads: self.config.threads,
+            members: Some(members as Arc<dyn crate::archive::gz::MemberSource>),
+            tree: Some(Arc::clone(&records) as Arc<dyn crate::archive::gz::TreeRecords>),
+        };
+        let written =
+            crate::archive::writer::write_archive(workspace.as_fd(), std::io::sink(), &options);
+        let recorded = match written.map(|_| records.save()) {
+            Ok(Ok(())) => {
+                tracing::info!(
+                    elapsed = ?started.elapsed(),
+                    "recorded what the forked workspace holds: its seal reads only what changes"
+                );
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot keep a fork's records");
+                false
+            }
+            // Changed meanwhile (or sealed, or removed), or grown past its bound: its
+            // seal reads every file.
+            Err(e) => {
+                let error = crate::printable::escape(e.to_string().as_bytes()).into_owned();
+                tracing::info!(%error, "a fork's capture stopped: its seal reads every file");
+                false
+            }
+        };
+        self.recording.fetch_sub(1, Ordering::SeqCst);
+        recorded
+    }
+
     fn seal_frozen(
         &self,
         dir: BorrowedFd<'_>,
         parent: Option<CheckpointId>,
+        records: Option<Arc<TreeMembers>>,
     ) -> Result<PutReport, FsError> {
         let options = PutOptions {
             max_archive_size: self.config.max_archive_size,
@@ -374,37 +482,64 @@ impl Sealer {
             threads: self.config.threads,
             members: self.config.members.clone(),
             parent: parent.clone(),
-            // A seal keeps no records: it reads and indexes every file.
             settle: std::time::Duration::ZERO,
         };
-        // The uncompressed tar stream is indexed into the cache on a second thread as
-        // it is written: the new checkpoint is then served from the very bytes that
-        // were compressed and hashed, with no download and no second decompression.
-        let pending = self.cache.begin().ok();
         let (mut tar_copy, tar_stream) = pipe(8);
         let now = SystemTime::now();
         let mtime = now
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let indexer = pending.map(|mut pending| {
-            let limits = self.config.limits;
-            std::thread::spawn(move || {
-                let built = index::build(tar_stream, &mut pending, limits, mtime);
-                (pending, built)
-            })
-        });
-        let written =
-            checkpoint::write_archive_file(dir, &options, checkpoint::Source::Copy(&mut tar_copy));
+        let limits = self.config.limits;
+        // The uncompressed tar stream is indexed on a second thread as it is written:
+        // into the cache, so that the new checkpoint is served from the very bytes
+        // that were compressed and hashed, with no download and no second
+        // decompression; or, when the fork's records leave files unread (their
+        // contents are zeros in the copy), only to check it, and the checkpoint is
+        // loaded from the store like any other.
+        let indexer = match &records {
+            Some(_) => Indexer::Check(std::thread::spawn(move || {
+                index::build(tar_stream, &mut index::Discard, limits, mtime).map(drop)
+            })),
+            None => match self.cache.begin() {
+                Ok(mut pending) => Indexer::Entry(std::thread::spawn(move || {
+                    let built = index::build(tar_stream, &mut pending, limits, mtime);
+                    (pending, built)
+                })),
+                Err(_) => Indexer::None,
+            },
+        };
+        let source = match &records {
+            Some(records) => checkpoint::Source::TreeAndCopy(
+                Arc::clone(records) as Arc<dyn crate::archive::gz::TreeRecords>,
+                &mut tar_copy,
+            ),
+            None => checkpoint::Source::Copy(&mut tar_copy),
+        };
+        let written = checkpoint::write_archive_file(dir, &options, source);
         drop(tar_copy);
-        let indexed = indexer.map(|t| t.join().expect("the indexing thread panicked"));
+        let (indexed, checked) = match indexer {
+            Indexer::Entry(t) => (Some(t.join().expect("the indexing thread panicked")), None),
+            Indexer::Check(t) => (None, Some(t.join().expect("the checking thread panicked"))),
+            Indexer::None => (None, None),
+        };
         let (archive, written) = written.map_err(seal_error)?;
+        if let Some(records) = &records {
+            tracing::info!(
+                unread = records.unread.load(Ordering::Relaxed),
+                read_again = records.read_again.load(Ordering::Relaxed),
+                members_taken = records.taken.load(Ordering::Relaxed),
+                "file bytes left unread as the fork's capture saw them, and read after all"
+            );
+        }
         // The indexer reads the archive as the mount would read it back: what it
         // refuses (more entries than --max-entries, metadata past its limit, a path
         // too long) must not be stored, nor the workspace deleted for it.
-        match indexed
-            .as_ref()
-            .map(|(_, built)| built.as_ref().map_err(unreadable))
-        {
+        let verdict = match (&indexed, &checked) {
+            (Some((_, built)), _) => Some(built.as_ref().map(drop)),
+            (None, Some(checked)) => Some(checked.as_ref().map(|&()| ())),
+            (None, None) => None,
+        };
+        match verdict.map(|v| v.map_err(unreadable)) {
             Some(Ok(_)) => {}
             Some(Err(Some(refusal))) => return Err(refusal),
             // The cache failed (a full disk, no descriptor left), so the indexer could
@@ -440,6 +575,13 @@ impl Sealer {
         };
         // The checkpoint is stored: from here on a failure only costs a download later.
         let slot = self.catalog.add(info);
+        if records.is_some() {
+            // Files were left unread, so the copy held zeros for them: the checkpoint
+            // is loaded (downloaded and verified) now, in the background, as a
+            // replica would load it.
+            self.loader.when_loaded(&slot, Box::new(|| {}));
+            return Ok(report);
+        }
         let verified = match indexed {
             Some((pending, Ok(index))) => self
                 .cache

@@ -5,7 +5,8 @@
 //!
 //! Layout: `<member cache>/<encoder>/trees/<name>`, `<name>` the first 32 hex digits of
 //! the SHA-256 of the directory's canonical path, device and inode (a directory made
-//! again at the same path is another tree). One file per tree: [`MAGIC`]; the number
+//! again at the same path is another tree); the records of forked workspaces of a
+//! mount, named by a key of their own, in `forks/`. One file per tree: [`MAGIC`]; the number
 //! of stamps (u64, little-endian) and the xxh3-128 of each; the number of members
 //! and, for each, its fingerprint, the SHA-256 of its data (its name in the member
 //! cache) and of its compressed bytes, the length of those, their checksum
@@ -53,8 +54,13 @@ const MEMBER: usize = 32 * 3 + 16 + 24;
 /// files). They are not counted in the member cache's bound: [`TREES_KEPT`] of them at
 /// most.
 const MAX_RECORDS: u64 = 16 << 20;
-/// Trees whose records are kept: those captured last.
+/// Trees whose records are kept: those captured last (in each of [`TREES`] and
+/// [`FORKS`]).
 pub const TREES_KEPT: usize = 16;
+/// Where the records of the directories `put` captured are kept.
+const TREES: &str = "trees";
+/// Where the records of forked workspaces are kept.
+const FORKS: &str = "forks";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Recorded {
@@ -84,6 +90,8 @@ struct Records {
 /// of this capture, written by [`TreeMembers::save`].
 pub struct TreeMembers {
     cache: Arc<MemberCache>,
+    /// [`TREES`] or [`FORKS`].
+    dir: &'static str,
     name: String,
     before: Records,
     /// Files changed this long before the capture are read (see `put --settle`).
@@ -116,13 +124,35 @@ impl TreeMembers {
         id.update([0]);
         id.update(stat.st_dev.to_le_bytes());
         id.update(stat.st_ino.to_le_bytes());
-        let name = hex::encode(&id.finalize()[..16]);
+        Ok(TreeMembers::kept_in(
+            cache,
+            TREES,
+            &id.finalize().into(),
+            settle,
+        ))
+    }
+
+    /// The records of a forked workspace of `staging/`, which has no lasting path (it
+    /// may be renamed): `key` names it instead. Kept apart from the trees of `put`
+    /// (in `forks/`, the [`TREES_KEPT`] newest), so that forks cannot push them out.
+    pub fn of_fork(cache: Arc<MemberCache>, key: &[u8; 32], settle: Duration) -> TreeMembers {
+        TreeMembers::kept_in(cache, FORKS, key, settle)
+    }
+
+    fn kept_in(
+        cache: Arc<MemberCache>,
+        dir: &'static str,
+        key: &[u8; 32],
+        settle: Duration,
+    ) -> TreeMembers {
+        let name = hex::encode(&key[..16]);
         let before = cache
-            .read_tree(&name, MAX_RECORDS)
+            .read_tree(dir, &name, MAX_RECORDS)
             .and_then(|bytes| parse(&bytes))
             .unwrap_or_default();
-        Ok(TreeMembers {
+        TreeMembers {
             cache,
+            dir,
             name,
             before,
             settle,
@@ -130,7 +160,12 @@ impl TreeMembers {
             unread: AtomicU64::new(0),
             read_again: AtomicU64::new(0),
             taken: AtomicU64::new(0),
-        })
+        }
+    }
+
+    /// Whether the capture before recorded any file of this tree.
+    pub fn has_records(&self) -> bool {
+        !self.before.stamps.is_empty()
     }
 
     /// Replaces the tree's records with this capture's (call once its archive is
@@ -141,9 +176,10 @@ impl TreeMembers {
         if now.overflow || bytes.len() as u64 > MAX_RECORDS {
             // Too large to keep: the next put reads every file, rather than use the
             // records of an older tree.
-            return self.cache.remove_tree(&self.name);
+            return self.cache.remove_tree(self.dir, &self.name);
         }
-        self.cache.write_tree(&self.name, &bytes, TREES_KEPT)
+        self.cache
+            .write_tree(self.dir, &self.name, &bytes, TREES_KEPT)
     }
 }
 
@@ -285,25 +321,25 @@ impl TreeRecords for TreeMembers {
 }
 
 impl MemberCache {
-    /// The records file of tree `name`, if it is a regular file of this user no larger
-    /// than `most`.
-    fn read_tree(&self, name: &str, most: u64) -> Option<Vec<u8>> {
-        super::store::read_own_file(&self.subdir("trees").ok()?, OsStr::new(name), most)
+    /// The records file of tree `name` in `dir`, if it is a regular file of this user
+    /// no larger than `most`.
+    fn read_tree(&self, dir: &str, name: &str, most: u64) -> Option<Vec<u8>> {
+        super::store::read_own_file(&self.subdir(dir).ok()?, OsStr::new(name), most)
     }
 
-    /// Forgets the records of tree `name`.
-    fn remove_tree(&self, name: &str) -> io::Result<()> {
-        let dir = self.subdir("trees")?;
+    /// Forgets the records of tree `name` in `dir`.
+    fn remove_tree(&self, dir: &str, name: &str) -> io::Result<()> {
+        let dir = self.subdir(dir)?;
         match rfs::unlinkat(&dir, name, AtFlags::empty()) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Writes the records of tree `name`, keeping the `kept` newest trees.
-    fn write_tree(&self, name: &str, bytes: &[u8], kept: usize) -> io::Result<()> {
+    /// Writes the records of tree `name` in `dir`, keeping the `kept` newest there.
+    fn write_tree(&self, dir: &str, name: &str, bytes: &[u8], kept: usize) -> io::Result<()> {
         let is_tree = |n: &[u8]| n.len() == 32 && n.iter().all(u8::is_ascii_hexdigit);
-        super::store::write_keeping_newest(&self.subdir("trees")?, name, bytes, kept, is_tree)
+        super::store::write_keeping_newest(&self.subdir(dir)?, name, bytes, kept, is_tree)
     }
 }
 

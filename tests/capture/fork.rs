@@ -10,8 +10,10 @@ use std::path::Path;
 
 use super::{cp_a, make_workspace, sh};
 use crate::util::mount::{Mount, repo_temp_dir};
-use crate::util::tree::{assert_same_tree, fix_mtimes, make_small_tree};
-use crate::util::{SmallDisk, TestStore, ckptfs, run, sha256_hex};
+use crate::util::tree::{
+    assert_same_tree, fix_mtimes, list_paths, make_small_tree, random_bytes, set_mtime, write_file,
+};
+use crate::util::{SmallDisk, TestStore, ckptfs, logged_count, run, sha256_hex};
 
 /// `ckptfs fork MNT REF NAME`, whatever its outcome.
 fn fork(mount: &Path, reference: &str, name: &str) -> crate::util::Output {
@@ -78,6 +80,152 @@ fn a_fork_is_the_checkpoint_and_its_seal_names_it_as_parent() {
         "{}",
         mount.log_excerpt()
     );
+}
+
+/// After a fork the daemon captures the new workspace as its seal would, writing
+/// nothing, and keeps what it saw of each file: the seal then reads only the files
+/// changed since. A file rewritten with bytes of the same length and its old mtime
+/// put back is read all the same (its change time moved), as are a grown file, a
+/// new one and one whose mode changed; the object is the one `put` makes of the
+/// same tree, and the checkpoint, loaded from the store, shows that tree.
+#[test]
+fn the_seal_of_a_fork_reads_only_the_files_changed_since() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-records-");
+    let tree = work.path().join("tree");
+    make_workspace(&tree);
+    for i in 0..40 {
+        let name = format!("lib/part-{i:02}.bin");
+        write_file(&tree.join(name), &random_bytes(96 << 10, 100 + i), 0o644);
+    }
+    fix_mtimes(&tree);
+    let (first, _) = store.put(&tree, &[]);
+    let tree_bytes: u64 = list_paths(&tree)
+        .iter()
+        .map(|p| fs::symlink_metadata(tree.join(p)).unwrap())
+        .filter(fs::Metadata::is_file)
+        .map(|m| m.len())
+        .sum();
+    let mount = Mount::new(&store).staging().start();
+    fork(mount.path(), &first, "w").success();
+    let recorded = "recorded what the forked workspace holds";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !mount.log_text().contains(recorded) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            mount.log_excerpt()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let forked = mount.staged("w");
+    let same_length = forked.join("lib/part-07.bin");
+    let before = fs::metadata(&same_length).unwrap();
+    fs::write(&same_length, random_bytes(96 << 10, 999)).unwrap();
+    set_mtime(&same_length, before.mtime());
+    let after = fs::metadata(&same_length).unwrap();
+    assert_eq!((after.len(), after.mtime()), (before.len(), before.mtime()));
+    let mut grown = fs::OpenOptions::new()
+        .append(true)
+        .open(forked.join("lib/part-20.bin"))
+        .unwrap();
+    std::io::Write::write_all(&mut grown, b"one more line\n").unwrap();
+    drop(grown);
+    fs::set_permissions(
+        forked.join("lib/part-30.bin"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    fs::write(forked.join("lib/new.txt"), "new in turn 2\n").unwrap();
+    fs::remove_file(forked.join("lib/part-39.bin")).unwrap();
+    let local = work.path().join("turn-2");
+    cp_a(&forked, &local);
+
+    let out = sh(
+        r#"mv "$1/staging/w" "$1/commit/" && readlink "$1/commit/w""#,
+        &[mount.path()],
+    );
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let second = out.stdout.trim().trim_start_matches("../").to_owned();
+    assert_eq!(
+        store.object_meta(&second).unwrap().parent.as_deref(),
+        Some(first.as_str())
+    );
+    let (want, _) = store.put(&local, &[]);
+    assert_eq!(second, want, "the seal of a fork is not what put stores");
+    let log = mount.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("left unread as the fork's capture saw them"))
+        .unwrap_or_else(|| panic!("the seal read every file:\n{log}"));
+    let (unread, read_again) = (
+        logged_count(line, "unread"),
+        logged_count(line, "read_again"),
+    );
+    // Each changed file is read; so are the files left unread that share a member
+    // with one (`read_again`, counted within `unread`).
+    assert!(
+        unread <= tree_bytes && unread - read_again >= tree_bytes / 2,
+        "{unread} bytes left unread and {read_again} read again of {tree_bytes}: {line}"
+    );
+    assert_same_tree(&local, &mount.join(&second));
+    let restored = work.path().join("restored");
+    store.get(&second, &restored);
+    assert_same_tree(&local, &restored);
+}
+
+/// What is written into a forked workspace is the seal's to read: a file made huge
+/// and sparse there right after the fork stops the capture that records the fork
+/// once it has read twice the fork's bytes (and 64 MiB), and the seal reads it.
+#[test]
+fn a_huge_file_made_after_a_fork_stops_its_capture() {
+    let store = TestStore::s3();
+    let work = repo_temp_dir("fork-huge-");
+    let tree = work.path().join("tree");
+    make_small_tree(&tree, "huge");
+    let (id, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store).staging().start();
+    fork(mount.path(), &id, "w").success();
+    let huge = fs::File::create(mount.staged("w").join("huge")).unwrap();
+    huge.set_len(8 << 30).unwrap();
+    drop(huge);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let log = loop {
+        let log = mount.log_text();
+        if log.contains("a fork's capture stopped") || log.contains("recorded what the forked") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            mount.log_excerpt()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let stopped = log
+        .lines()
+        .find(|l| l.contains("a fork's capture stopped"))
+        .unwrap_or_else(|| panic!("the capture read the huge file:\n{log}"));
+    assert!(stopped.contains("unpacks to more than"), "{stopped}");
+    fs::remove_file(mount.staged("w").join("huge")).unwrap();
+    fs::write(mount.staged("w").join("after.txt"), "after\n").unwrap();
+    let local = work.path().join("local");
+    cp_a(&mount.staged("w"), &local);
+    let out = sh(
+        r#"mv "$1/staging/w" "$1/commit/" && readlink "$1/commit/w""#,
+        &[mount.path()],
+    );
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let sealed = out.stdout.trim().trim_start_matches("../").to_owned();
+    assert!(
+        !mount
+            .log_text()
+            .contains("left unread as the fork's capture saw them"),
+        "{}",
+        mount.log_excerpt()
+    );
+    assert_eq!(store.put(&local, &[]).0, sealed);
 }
 
 #[test]

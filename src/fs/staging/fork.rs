@@ -51,12 +51,16 @@ static NEXT_FORK: AtomicU64 = AtomicU64::new(0);
 const COPY_BUFFER: usize = 256 << 10;
 
 /// What a fork made.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Forked {
     /// Entries made in the workspace.
     pub entries: u64,
     /// Bytes of regular files copied.
     pub bytes: u64,
+    /// The workspace, open, for recording what a capture of it sees (see
+    /// `crate::fs::forker`), under `records`.
+    pub workspace: OwnedFd,
+    pub records: [u8; 32],
 }
 
 /// Whose files a fork makes (see the module comment).
@@ -140,9 +144,19 @@ impl StagingTree {
         {
             forked.remove(&some);
         }
-        forked.insert(ino, (generation(&workspace, &stat), checkpoint.id.clone()));
+        let made = generation(&workspace, &stat);
+        forked.insert(ino, (made, checkpoint.id.clone()));
         let names = children.iter().map(|(name, _)| name.clone()).collect();
-        Ok((Forked { entries, bytes }, names))
+        let records = records_key(&stat, made);
+        Ok((
+            Forked {
+                entries,
+                bytes,
+                workspace,
+                records,
+            },
+            names,
+        ))
     }
 
     /// Workspace directory `ino`, opened, if it is a name of `staging/` itself, not
@@ -170,16 +184,35 @@ impl StagingTree {
 
     /// The checkpoint workspace directory `dir` (described by `stat`) was forked
     /// from, if it was, and is still the very directory filled then.
-    pub(super) fn forked_from(&self, dir: &OwnedFd, stat: &rfs::Stat) -> Option<CheckpointId> {
+    /// With the key of the records of its capture ([`Forked::records`]).
+    pub(super) fn forked_from(
+        &self,
+        dir: &OwnedFd,
+        stat: &rfs::Stat,
+    ) -> Option<(CheckpointId, [u8; 32])> {
         let forked = self.forked.lock().expect("forked lock");
         let (made, id) = forked.get(&self.fuse_ino(stat.st_ino))?;
-        (*made == generation(dir, stat)).then(|| id.clone())
+        let now = generation(dir, stat);
+        (*made == now).then(|| (id.clone(), records_key(stat, now)))
     }
 
     /// Forgets the fork record of workspace directory `ino` (sealed or removed).
     pub(super) fn forget_fork(&self, ino: u64) {
         self.forked.lock().expect("forked lock").remove(&ino);
     }
+}
+
+/// Names the records a capture of a forked workspace keeps (see
+/// `crate::members::tree`): by the directory itself, which keeps them across renames
+/// within `staging/`, and not past its removal.
+fn records_key(stat: &rfs::Stat, generation: u32) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut key = Sha256::new();
+    key.update(b"ckptfs forked workspace\0");
+    key.update(stat.st_dev.to_le_bytes());
+    key.update(stat.st_ino.to_le_bytes());
+    key.update(generation.to_le_bytes());
+    key.finalize().into()
 }
 
 /// Moves the built tree's top-level `names` from `top` (in the graveyard) into the

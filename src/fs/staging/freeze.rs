@@ -20,6 +20,8 @@ pub struct Frozen {
     inodes: Vec<u64>,
     /// The checkpoints its files had bytes copied from, as far as this mount saw.
     pub copied_from: HashSet<CheckpointId>,
+    /// The key of the records of its capture after a fork, if it was forked.
+    pub forked: Option<[u8; 32]>,
 }
 
 impl StagingTree {
@@ -62,7 +64,7 @@ impl StagingTree {
             inodes
                 .iter()
                 .filter_map(|i| sources.get(i).cloned())
-                .chain(forked_from)
+                .chain(forked_from.as_ref().map(|(id, _)| id.clone()))
                 .collect()
         };
         Ok(Frozen {
@@ -70,6 +72,7 @@ impl StagingTree {
             dir,
             inodes,
             copied_from,
+            forked: forked_from.map(|(_, records)| records),
         })
     }
 

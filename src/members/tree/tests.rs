@@ -296,3 +296,77 @@ fn records_past_their_bound_are_dropped_not_kept() {
     let again = capture(&tree, &cache);
     assert_eq!(again.unread, 0, "the records before were used");
 }
+
+/// With records and a copy of the tar stream (a seal of a forked workspace), the
+/// copy is the tar stream with zeros for the contents left unread: entries, names
+/// and sizes as they are, for a reader's limits to be checked on; the archive is the
+/// same.
+#[test]
+fn a_copy_beside_records_has_zeros_for_contents_left_unread() {
+    let work = private_dir();
+    let tree = work.path().join("tree");
+    let total = settled_tree(&tree);
+    let cache = work.path().join("cache");
+    let first = capture(&tree, &cache);
+    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
+    let root = fs::File::open(&tree).unwrap();
+    let records = Arc::new(TreeMembers::open(Arc::clone(&members), &tree, &root, SETTLE).unwrap());
+    let (mut archive, mut copy) = (Vec::new(), Vec::new());
+    crate::archive::writer::write_archive_with_copy(
+        root.as_fd(),
+        &mut archive,
+        &WriterOptions {
+            max_size: u64::MAX,
+            max_unpacked: u64::MAX,
+            threads: 2,
+            members: Some(members as Arc<dyn MemberSource>),
+            tree: Some(Arc::clone(&records) as Arc<dyn TreeRecords>),
+        },
+        &mut copy,
+    )
+    .unwrap();
+    assert_eq!(records.unread.load(Ordering::Relaxed), total);
+    assert_eq!(archive, first.archive);
+    let mut tar = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::MultiGzDecoder::new(&archive[..]),
+        &mut tar,
+    )
+    .unwrap();
+    assert_eq!(copy.len(), tar.len());
+    let mut entries = tar::Archive::new(&copy[..]);
+    let mut files = 0;
+    for entry in entries.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut contents = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut contents).unwrap();
+        let path = entry.path().unwrap().into_owned();
+        if entry.header().entry_type().is_file() {
+            assert_eq!(
+                contents.len() as u64,
+                fs::metadata(tree.join(&path)).unwrap().len()
+            );
+            assert!(contents.iter().all(|&b| b == 0), "{}", path.display());
+            files += 1;
+        }
+    }
+    assert_eq!(files, 61);
+}
+
+/// The records of forked workspaces are kept apart from the trees of `put`: however
+/// many forks are recorded, a put's records stay.
+#[test]
+fn forks_cannot_push_out_the_records_of_a_put() {
+    let work = private_dir();
+    let tree = work.path().join("tree");
+    let total = settled_tree(&tree);
+    let cache = work.path().join("cache");
+    capture(&tree, &cache);
+    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
+    for k in 0..TREES_KEPT as u8 * 2 {
+        TreeMembers::of_fork(Arc::clone(&members), &[k; 32], Duration::ZERO)
+            .save()
+            .unwrap();
+    }
+    assert_eq!(capture(&tree, &cache).unread, total);
+}
