@@ -7,6 +7,7 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
+use std::time::Duration;
 
 use super::{cp_a, make_workspace, sh};
 use crate::util::mount::{Mount, repo_temp_dir};
@@ -14,6 +15,10 @@ use crate::util::tree::{
     assert_same_tree, fix_mtimes, list_paths, make_small_tree, random_bytes, set_mtime, write_file,
 };
 use crate::util::{SmallDisk, TestStore, ckptfs, logged_count, run, sha256_hex};
+
+/// What the daemon logs once it recorded a forked workspace for its seal, or gave up.
+const RECORDED: &str = "recorded what the forked workspace holds";
+const STOPPED: &str = "a fork's capture stopped";
 
 /// `ckptfs fork MNT REF NAME`, whatever its outcome.
 fn fork(mount: &Path, reference: &str, name: &str) -> crate::util::Output {
@@ -108,16 +113,7 @@ fn the_seal_of_a_fork_reads_only_the_files_changed_since() {
         .sum();
     let mount = Mount::new(&store).staging().start();
     fork(mount.path(), &first, "w").success();
-    let recorded = "recorded what the forked workspace holds";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !mount.log_text().contains(recorded) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            mount.log_excerpt()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    mount.wait_for_log(&[RECORDED], Duration::from_secs(120));
 
     let forked = mount.staged("w");
     let same_length = forked.join("lib/part-07.bin");
@@ -190,22 +186,10 @@ fn a_huge_file_made_after_a_fork_stops_its_capture() {
     let huge = fs::File::create(mount.staged("w").join("huge")).unwrap();
     huge.set_len(8 << 30).unwrap();
     drop(huge);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let log = loop {
-        let log = mount.log_text();
-        if log.contains("a fork's capture stopped") || log.contains("recorded what the forked") {
-            break log;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            mount.log_excerpt()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let log = mount.wait_for_log(&[STOPPED, RECORDED], Duration::from_secs(120));
     let stopped = log
         .lines()
-        .find(|l| l.contains("a fork's capture stopped"))
+        .find(|l| l.contains(STOPPED))
         .unwrap_or_else(|| panic!("the capture read the huge file:\n{log}"));
     assert!(stopped.contains("unpacks to more than"), "{stopped}");
     fs::remove_file(mount.staged("w").join("huge")).unwrap();

@@ -262,6 +262,24 @@ impl MountedStore {
     }
 
     /// The daemon's warnings and errors so far (the last 40), for failure messages.
+    /// The daemon's log once it holds any of `lines`, waiting up to `timeout`.
+    #[track_caller]
+    pub fn wait_for_log(&self, lines: &[&str], timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let log = self.log_text();
+            if lines.iter().any(|line| log.contains(line)) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "none of {lines:?} in the log:\n{}",
+                self.log_excerpt()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn log_excerpt(&self) -> String {
         let text = strip_ansi(&self.log_text());
         let notable: Vec<&str> = text

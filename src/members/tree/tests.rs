@@ -58,28 +58,44 @@ struct Capture {
 /// saves this capture's records.
 fn capture(tree: &Path, cache: &Path) -> Capture {
     fs::create_dir_all(cache).unwrap();
-    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
-    let root = fs::File::open(tree).unwrap();
-    let records = Arc::new(TreeMembers::open(Arc::clone(&members), tree, &root, SETTLE).unwrap());
-    let mut archive = Vec::new();
-    write_archive(
-        root.as_fd(),
-        &mut archive,
-        &WriterOptions {
-            max_size: u64::MAX,
-            max_unpacked: u64::MAX,
-            threads: 2,
-            members: Some(members as Arc<dyn MemberSource>),
-            tree: Some(Arc::clone(&records) as Arc<dyn TreeRecords>),
-        },
-    )
-    .unwrap();
+    let (archive, records) = capture_copying(tree, cache, None);
     records.save().unwrap();
     Capture {
         archive,
         unread: records.unread.load(Ordering::Relaxed),
         read_again: records.read_again.load(Ordering::Relaxed),
     }
+}
+
+/// Archives `tree` with the member cache in `cache` and the tree's records, also
+/// into `copy` when given; the archive, and the records (not saved).
+fn capture_copying(
+    tree: &Path,
+    cache: &Path,
+    copy: Option<&mut Vec<u8>>,
+) -> (Vec<u8>, Arc<TreeMembers>) {
+    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
+    let root = fs::File::open(tree).unwrap();
+    let records = Arc::new(TreeMembers::open(Arc::clone(&members), tree, &root, SETTLE).unwrap());
+    let options = WriterOptions {
+        max_size: u64::MAX,
+        max_unpacked: u64::MAX,
+        threads: 2,
+        members: Some(members as Arc<dyn MemberSource>),
+        tree: Some(Arc::clone(&records) as Arc<dyn TreeRecords>),
+    };
+    let mut archive = Vec::new();
+    match copy {
+        Some(copy) => crate::archive::writer::write_archive_with_copy(
+            root.as_fd(),
+            &mut archive,
+            &options,
+            copy,
+        ),
+        None => write_archive(root.as_fd(), &mut archive, &options),
+    }
+    .unwrap();
+    (archive, records)
 }
 
 fn plain(tree: &Path) -> Vec<u8> {
@@ -308,23 +324,8 @@ fn a_copy_beside_records_has_zeros_for_contents_left_unread() {
     let total = settled_tree(&tree);
     let cache = work.path().join("cache");
     let first = capture(&tree, &cache);
-    let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
-    let root = fs::File::open(&tree).unwrap();
-    let records = Arc::new(TreeMembers::open(Arc::clone(&members), &tree, &root, SETTLE).unwrap());
-    let (mut archive, mut copy) = (Vec::new(), Vec::new());
-    crate::archive::writer::write_archive_with_copy(
-        root.as_fd(),
-        &mut archive,
-        &WriterOptions {
-            max_size: u64::MAX,
-            max_unpacked: u64::MAX,
-            threads: 2,
-            members: Some(members as Arc<dyn MemberSource>),
-            tree: Some(Arc::clone(&records) as Arc<dyn TreeRecords>),
-        },
-        &mut copy,
-    )
-    .unwrap();
+    let mut copy = Vec::new();
+    let (archive, records) = capture_copying(&tree, &cache, Some(&mut copy));
     assert_eq!(records.unread.load(Ordering::Relaxed), total);
     assert_eq!(archive, first.archive);
     let mut tar = Vec::new();
