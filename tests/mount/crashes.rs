@@ -21,12 +21,16 @@ fn kill9(mount: &MountedStore) {
     let pid = mount.pid();
     // SAFETY: kill has no memory-safety preconditions; the pid is the test's child.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+    // Dead once the leader is a zombie and no other thread is still exiting: until the
+    // last one has, the process's descriptors (the cache's lock among them) are open.
+    let dead = || {
+        let zombie = fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_or(true, |status| status.contains("State:\tZ"));
+        let threads = fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+        zombie && threads <= 1
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while Path::new(&format!("/proc/{pid}/status")).exists()
-        && !fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .contains("State:\tZ")
-    {
+    while !dead() {
         assert!(Instant::now() < deadline, "the daemon survived SIGKILL");
         std::thread::sleep(Duration::from_millis(20));
     }
