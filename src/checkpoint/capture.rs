@@ -10,11 +10,13 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::{CheckpointError, CheckpointId, encode_metadata, verify};
 use crate::archive::ArchiveError;
 use crate::archive::gz::TreeRecords;
 use crate::archive::writer::{self, WriterOptions};
+use crate::members::costs::{self, Choice, CopyCosts};
 use crate::members::store::MemberCache;
 use crate::members::tree::TreeMembers;
 use crate::store::{ObjectStore, Progress, PutMode, PutOutcome, StoreError};
@@ -217,14 +219,37 @@ pub fn store_archive(
     let metadata = encode_metadata(&id, written.size, parent);
     let mut copied = 0;
     let mut copied_unchecked = 0;
-    let stored = !store.exists(&name)? && {
-        let reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
-        let stored =
-            store.put_reusing(&name, path, &metadata, PutMode::IfAbsent, &reuse, progress)?;
-        copied = stored.copied;
-        copied_unchecked = stored.copied_unchecked;
-        stored.outcome == PutOutcome::Stored
-    };
+    let described = store.describe();
+    let mut costs = members
+        .map(|m| m.copy_costs(&described))
+        .unwrap_or_default();
+    let stored = !store.exists(&name)?
+        && {
+            let mut reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
+            let planned: u64 = reuse.iter().map(|r| r.length).sum();
+            if let Choice::Send { read_back, send } = costs::choose(&costs, written.size, planned) {
+                tracing::info!(
+                    bytes = planned,
+                    read_back_secs = format!("{read_back:.2}"),
+                    send_secs = format!("{send:.2}"),
+                    "sending instead of copying: the store gives no SHA-256 of a copied part, and reading the object back would take longer"
+                );
+                reuse.clear();
+            }
+            let started = Instant::now();
+            let stored =
+                store.put_reusing(&name, path, &metadata, PutMode::IfAbsent, &reuse, progress)?;
+            copied = stored.copied;
+            copied_unchecked = stored.copied_unchecked;
+            if copied == 0 && written.size >= RATE_SAMPLE {
+                let secs = started.elapsed().as_secs_f64();
+                costs.upload = CopyCosts::measured(costs.upload, written.size, secs);
+            }
+            if copied > 0 {
+                costs.vouched = Some(copied_unchecked == 0);
+            }
+            stored.outcome == PutOutcome::Stored
+        };
     // A copy only an MD5 vouched for is read back (see `Stored::copied_unchecked`);
     // otherwise the object was there, or a concurrent writer just stored it: only a
     // good copy counts.
@@ -234,7 +259,13 @@ pub fn store_archive(
         if copied_unchecked > 0 {
             tracing::debug!(checkpoint = %id, bytes = copied_unchecked, "reading back an object the store assembled with copies checked by MD5 only");
         }
-        match verify(store, &id) {
+        let started = Instant::now();
+        let verified = verify(store, &id);
+        if copied_unchecked > 0 && verified.is_ok() {
+            let secs = started.elapsed().as_secs_f64();
+            costs.download = CopyCosts::measured(costs.download, written.size, secs);
+        }
+        match verified {
             Ok(()) if stored => StoreOutcome::Stored,
             // This capture is a new turn with an old turn's content: the object takes
             // this capture's time, capture time and parent, so that it is listed as
@@ -263,10 +294,15 @@ pub fn store_archive(
             Err(e) => return Err(e),
         }
     };
-    if let Some(members) = members
-        && let Err(e) = members.record_layout(&name, &written.members)
-    {
-        tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
+    if let Some(members) = members {
+        if let Err(e) = members.record_layout(&name, &written.members) {
+            tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
+        }
+        if costs != members.copy_costs(&described)
+            && let Err(e) = members.record_copy_costs(&described, &costs)
+        {
+            tracing::debug!(error = %e, "cannot record what the store's copies cost");
+        }
     }
     Ok(PutReport {
         id,
@@ -275,6 +311,10 @@ pub fn store_archive(
         copied,
     })
 }
+
+/// The smallest object whose upload measures the store's upload rate (smaller ones
+/// measure the requests more than the bytes).
+const RATE_SAMPLE: u64 = 4 << 20;
 
 /// The ranges of `written` that objects the store still has hold too, by the layouts
 /// `members` recorded (the store checks each range it copies).

@@ -6,7 +6,8 @@
 //! on each side of the store:
 //! - capturing ([`store`]): members compressed before are kept on disk by the SHA-256
 //!   of their data and taken instead of being compressed again, and the layouts of
-//!   recent objects let the store copy the ranges it already holds; a put also keeps
+//!   recent objects let the store copy the ranges it already holds (where a copy is
+//!   worth what checking it costs: [`costs`]); a put also keeps
 //!   what it saw of each file of the directory ([`tree`]), so that the next put of it
 //!   takes the members of unchanged files without reading them;
 //! - loading ([`records`], [`recorder`], [`reader`]): a cache entry records how to
@@ -56,6 +57,7 @@
 //!   times [`MAX_PEEK`] bytes, so once the bytes hashed or rebuilt in vain pass twice
 //!   the bytes taken from the stream, the load stops looking and only inflates.
 
+pub mod costs;
 pub mod reader;
 pub mod recorder;
 pub mod records;

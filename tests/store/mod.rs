@@ -1214,6 +1214,10 @@ fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
     store.get(&second, &restored);
     assert_same_tree(&tree, &restored);
 
+    // The store (moto) gave no SHA-256 of a copied part, so the object was read back,
+    // and the next put may send instead of copying (below): forgotten here, so that
+    // it copies.
+    forget_copy_costs(&cache);
     // The source changed under its name (same length): the copy's ETag is not the
     // MD5 of the bytes expected, and the whole object is sent.
     let planted = {
@@ -1242,6 +1246,81 @@ fn s3_a_turn_copies_unchanged_ranges_in_the_store() {
     let restored = work.path().join("restored-4");
     store.get(&fourth, &restored);
     assert_same_tree(&tree, &restored);
+}
+
+/// The files where the member cache in `cache` keeps what each store's copies cost.
+fn copy_costs_files(cache: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for encoder in fs::read_dir(cache.join("members")).unwrap() {
+        let stores = encoder.unwrap().path().join("stores");
+        if let Ok(entries) = fs::read_dir(&stores) {
+            files.extend(entries.map(|e| e.unwrap().path()));
+        }
+    }
+    files
+}
+
+fn forget_copy_costs(cache: &Path) {
+    for file in copy_costs_files(cache) {
+        fs::remove_file(file).unwrap();
+    }
+}
+
+/// Sets what the member cache in `cache` measured of the store's upload rate (the
+/// one store it knows), keeping the rest.
+fn set_upload_rate(cache: &Path, rate: &str) {
+    let files = copy_costs_files(cache);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let text = fs::read_to_string(&files[0]).unwrap();
+    let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("upload=")).collect();
+    fs::write(&files[0], format!("{}\nupload={rate}\n", kept.join("\n"))).unwrap();
+}
+
+/// A store that vouches for a copied part by its MD5 alone (moto) makes each copy
+/// cost a read-back of the whole object: the first turn that copies learns that and
+/// how fast the read-back went; a later turn copies again only if reading back costs
+/// less than sending the bytes the copy saves, by the rates measured, and says what
+/// it chose. Either way the object is right.
+#[test]
+fn s3_a_store_that_vouches_for_copies_by_md5_alone_is_sent_the_bytes_when_cheaper() {
+    let store = TestStore::s3();
+    let work = temp_dir();
+    let cache = work.path().join("cache");
+    let put = |n: usize, edited: Option<usize>| {
+        let tree = work.path().join(format!("turn{n}"));
+        make_turn_tree(&tree, 40, edited);
+        let out = put_cached(&store, &tree, &cache, &["--part-size", "5MiB"]);
+        let (sha, size) = parse_put_output(&out);
+        assert_stored(&store, &sha, size);
+        let restored = work.path().join(format!("restored-{n}"));
+        store.get(&sha, &restored);
+        assert_same_tree(&tree, &restored);
+        (size, out)
+    };
+    let sending = "sending instead of copying";
+    let reading_back = "reading back an object the store assembled";
+    put(0, None);
+    let (_, out) = put(1, Some(10));
+    assert!(logged_count(&out.stderr, "copied") > 0, "{out}");
+    assert!(out.stderr.contains(reading_back), "{out}");
+    let text = fs::read_to_string(&copy_costs_files(&cache)[0]).unwrap();
+    assert!(text.contains("vouched=no\n"), "{text}");
+    assert!(!text.contains("download=\n"), "{text}");
+
+    // Sending as fast as anything: reading back would cost more.
+    set_upload_rate(&cache, "1000000000000");
+    let (size, out) = put(2, Some(20));
+    assert!(out.stderr.contains(sending), "{out}");
+    assert_eq!(logged_count(&out.stderr, "copied"), 0, "{out}");
+    assert_eq!(logged_count(&out.stderr, "sent"), size, "{out}");
+    assert!(!out.stderr.contains(reading_back), "{out}");
+
+    // Sending at a byte a second: copying and reading back wins.
+    set_upload_rate(&cache, "1");
+    let (_, out) = put(3, Some(30));
+    assert!(!out.stderr.contains(sending), "{out}");
+    assert!(logged_count(&out.stderr, "copied") > 0, "{out}");
+    assert!(out.stderr.contains(reading_back), "{out}");
 }
 
 /// Two 128-byte blocks with the same MD5 after the first 3,001,088 bytes of the
