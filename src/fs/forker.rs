@@ -15,7 +15,10 @@
 //! may wait for a load and copies a whole tree); at most [`FORKS_AT_ONCE`] run or wait
 //! at once, more are refused with `EBUSY`. The names the fork made are dropped from
 //! the kernel's cache only after the answer, since dropping them takes the lock the
-//! request holds.
+//! request holds. After the answer, the same thread captures the new workspace for
+//! the records that let its seal leave unchanged files unread
+//! ([`Sealer::record_fork`]), at the lowest CPU priority; the fork does not wait for
+//! it.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -27,8 +30,7 @@ use super::listing::{Catalog, Slot};
 use super::loader::Loader;
 use super::primer::Primer;
 use super::sealer::Sealer;
-use super::staging::Forked;
-use super::staging::{Caller, StagingTree};
+use super::staging::{Caller, Forked, StagingTree};
 use super::subtree::KernelCache;
 use crate::cache::VerifiedCheckpoint;
 
