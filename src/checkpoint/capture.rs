@@ -220,9 +220,10 @@ pub fn store_archive(
     let mut copied = 0;
     let mut copied_unchecked = 0;
     let described = store.describe();
-    let mut costs = members
+    let known = members
         .map(|m| m.copy_costs(&described))
         .unwrap_or_default();
+    let mut costs = known;
     let stored = !store.exists(&name)?
         && {
             let mut reuse = members.map_or_else(Vec::new, |m| reusable(store, m, written));
@@ -298,7 +299,7 @@ pub fn store_archive(
         if let Err(e) = members.record_layout(&name, &written.members) {
             tracing::debug!(checkpoint = %id, error = %e, "cannot record the layout");
         }
-        if costs != members.copy_costs(&described)
+        if costs != known
             && let Err(e) = members.record_copy_costs(&described, &costs)
         {
             tracing::debug!(error = %e, "cannot record what the store's copies cost");

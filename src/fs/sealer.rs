@@ -393,11 +393,7 @@ impl Sealer {
     /// ([`Sealer::record_fork`]), if there are any.
     fn fork_records(&self, key: &[u8; 32]) -> Option<Arc<TreeMembers>> {
         let members = self.config.members.clone()?;
-        // Stamps are exact here: every write to a staged file is the daemon's own,
-        // and none is pending once the workspace is frozen (a mapped file is open,
-        // and the kernel writes a mapping's pages back when it is unmapped). Only
-        // the clock's tick is left, which the writer's racy bound covers.
-        let records = TreeMembers::of_fork(members, key, std::time::Duration::ZERO);
+        let records = TreeMembers::of_fork(members, key);
         records.has_records().then(|| Arc::new(records))
     }
 
@@ -428,11 +424,7 @@ impl Sealer {
         // names that thread alone (the compression threads it starts inherit it).
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
         let started = std::time::Instant::now();
-        let records = Arc::new(TreeMembers::of_fork(
-            Arc::clone(&members),
-            &key,
-            std::time::Duration::ZERO,
-        ));
+        let records = Arc::new(TreeMembers::of_fork(Arc::clone(&members), &key));
         let options = crate::archive::writer::WriterOptions {
             max_size: self.config.max_archive_size,
             max_unpacked: forked_bytes
@@ -517,10 +509,21 @@ impl Sealer {
         };
         let written = checkpoint::write_archive_file(dir, &options, source);
         drop(tar_copy);
-        let (indexed, checked) = match indexer {
-            Indexer::Entry(t) => (Some(t.join().expect("the indexing thread panicked")), None),
-            Indexer::Check(t) => (None, Some(t.join().expect("the checking thread panicked"))),
-            Indexer::None => (None, None),
+        // The indexer reads the archive as the mount would read it back: what it
+        // refuses (more entries than --max-entries, metadata past its limit, a path
+        // too long) must not be stored, nor the workspace deleted for it. `refused`:
+        // `None` if it read it all, `Some(None)` if it could not say.
+        let (indexed, refused) = match indexer {
+            Indexer::Entry(t) => {
+                let (pending, built) = t.join().expect("the indexing thread panicked");
+                let refused = built.as_ref().err().map(unreadable);
+                (Some((pending, built)), refused)
+            }
+            Indexer::Check(t) => {
+                let checked = t.join().expect("the checking thread panicked");
+                (None, checked.as_ref().err().map(unreadable))
+            }
+            Indexer::None => (None, Some(None)),
         };
         let (archive, written) = written.map_err(seal_error)?;
         if let Some(records) = &records {
@@ -531,20 +534,12 @@ impl Sealer {
                 "file bytes left unread as the fork's capture saw them, and read after all"
             );
         }
-        // The indexer reads the archive as the mount would read it back: what it
-        // refuses (more entries than --max-entries, metadata past its limit, a path
-        // too long) must not be stored, nor the workspace deleted for it.
-        let verdict = match (&indexed, &checked) {
-            (Some((_, built)), _) => Some(built.as_ref().map(drop)),
-            (None, Some(checked)) => Some(checked.as_ref().map(|&()| ())),
-            (None, None) => None,
-        };
-        match verdict.map(|v| v.map_err(unreadable)) {
-            Some(Ok(_)) => {}
-            Some(Err(Some(refusal))) => return Err(refusal),
+        match refused {
+            None => {}
+            Some(Some(refusal)) => return Err(refusal),
             // The cache failed (a full disk, no descriptor left), so the indexer could
             // not say: read the archive once more, keeping nothing, to see.
-            Some(Err(None)) | None => self.check_readable(archive.path(), mtime)?,
+            Some(None) => self.check_readable(archive.path(), mtime)?,
         }
         tracing::debug!(bytes = written.size, "archived and indexed; storing");
         let object = CheckpointId::parse(&written.sha256)

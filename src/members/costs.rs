@@ -20,7 +20,7 @@ use std::io;
 
 use sha2::{Digest, Sha256};
 
-use super::store::{MemberCache, read_own_file, write_keeping_newest};
+use super::store::{MemberCache, is_key_name, read_own_file, write_keeping_newest};
 
 /// Stores whose costs are kept: those written last.
 const STORES_KEPT: usize = 16;
@@ -128,13 +128,12 @@ impl MemberCache {
 
     /// Keeps `costs` for the store `store` describes.
     pub fn record_copy_costs(&self, store: &str, costs: &CopyCosts) -> io::Result<()> {
-        let is_store = |n: &[u8]| n.len() == 32 && n.iter().all(u8::is_ascii_hexdigit);
         write_keeping_newest(
             &self.subdir("stores")?,
             &file_name(store),
             costs.encode().as_bytes(),
             STORES_KEPT,
-            is_store,
+            is_key_name,
         )
     }
 }

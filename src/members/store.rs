@@ -550,6 +550,12 @@ pub(super) fn write_keeping_newest(
     Ok(())
 }
 
+/// Whether `name` is one this cache gives the files it keeps by a key (tree records,
+/// store costs): 32 hexadecimal digits.
+pub(super) fn is_key_name(name: &[u8]) -> bool {
+    name.len() == 32 && name.iter().all(u8::is_ascii_hexdigit)
+}
+
 /// The bytes of `name` in `dir` if it is a regular file of this user, opened without
 /// following a symlink (a FIFO planted there does not block), of at most `most` bytes.
 pub(super) fn read_own_file(dir: &OwnedFd, name: &OsStr, most: u64) -> Option<Vec<u8>> {

@@ -44,7 +44,7 @@ use std::time::Duration;
 use rustix::fs::{self as rfs, AtFlags};
 use sha2::{Digest, Sha256};
 
-use super::store::{MIN_KEPT, MemberCache, member_check};
+use super::store::{MIN_KEPT, MemberCache, is_key_name, member_check};
 use crate::archive::gz::{Compressed, FileStamp, TreeRecords};
 
 const MAGIC: &[u8] = b"ckptfs tree v1\n";
@@ -135,8 +135,12 @@ impl TreeMembers {
     /// The records of a forked workspace of `staging/`, which has no lasting path (it
     /// may be renamed): `key` names it instead. Kept apart from the trees of `put`
     /// (in `forks/`, the [`TREES_KEPT`] newest), so that forks cannot push them out.
-    pub fn of_fork(cache: Arc<MemberCache>, key: &[u8; 32], settle: Duration) -> TreeMembers {
-        TreeMembers::kept_in(cache, FORKS, key, settle)
+    /// No settling time: stamps are exact there, since every write to a staged file
+    /// is the daemon's own and none is pending once a workspace is frozen (a mapped
+    /// file is open, and the kernel writes a mapping's pages back when it is
+    /// unmapped); only the clock's tick is left, which the writer's racy bound covers.
+    pub fn of_fork(cache: Arc<MemberCache>, key: &[u8; 32]) -> TreeMembers {
+        TreeMembers::kept_in(cache, FORKS, key, Duration::ZERO)
     }
 
     fn kept_in(
@@ -338,8 +342,7 @@ impl MemberCache {
 
     /// Writes the records of tree `name` in `dir`, keeping the `kept` newest there.
     fn write_tree(&self, dir: &str, name: &str, bytes: &[u8], kept: usize) -> io::Result<()> {
-        let is_tree = |n: &[u8]| n.len() == 32 && n.iter().all(u8::is_ascii_hexdigit);
-        super::store::write_keeping_newest(&self.subdir(dir)?, name, bytes, kept, is_tree)
+        super::store::write_keeping_newest(&self.subdir(dir)?, name, bytes, kept, is_key_name)
     }
 }
 

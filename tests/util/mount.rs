@@ -261,7 +261,6 @@ impl MountedStore {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The daemon's warnings and errors so far (the last 40), for failure messages.
     /// The daemon's log once it holds any of `lines`, waiting up to `timeout`.
     #[track_caller]
     pub fn wait_for_log(&self, lines: &[&str], timeout: Duration) -> String {
@@ -280,6 +279,7 @@ impl MountedStore {
         }
     }
 
+    /// The daemon's warnings and errors so far (the last 40), for failure messages.
     pub fn log_excerpt(&self) -> String {
         let text = strip_ansi(&self.log_text());
         let notable: Vec<&str> = text

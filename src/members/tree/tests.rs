@@ -365,7 +365,7 @@ fn forks_cannot_push_out_the_records_of_a_put() {
     capture(&tree, &cache);
     let members = Arc::new(MemberCache::open(&cache.join("members"), 1 << 30).unwrap());
     for k in 0..TREES_KEPT as u8 * 2 {
-        TreeMembers::of_fork(Arc::clone(&members), &[k; 32], Duration::ZERO)
+        TreeMembers::of_fork(Arc::clone(&members), &[k; 32])
             .save()
             .unwrap();
     }
