@@ -171,7 +171,7 @@ pub fn write_archive_file(
             context: format!("create a temporary file in {}", options.temp_dir.display()),
             cause,
         })?;
-    let out = io::BufWriter::with_capacity(1 << 20, temp.as_file());
+    let out = super::spool::SpoolWriter::new(temp.as_file());
     let mut writer_options = WriterOptions {
         max_size: options.max_archive_size,
         max_unpacked: options.max_unpacked,

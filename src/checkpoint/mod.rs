@@ -30,6 +30,7 @@ use crate::store::{ObjectInfo, ObjectStore, StoreError};
 
 mod capture;
 mod restore;
+mod spool;
 
 pub use capture::{
     PUT_TEMP_PREFIX, PutOptions, PutReport, Source, StoreOutcome, put, store_archive,

@@ -1,5 +1,6 @@
-//! `get`: a checkpoint downloaded into a temporary file, verified whole, and only then
-//! extracted into a new directory.
+//! `get`: a checkpoint downloaded into a temporary file (written around the page
+//! cache, see [`super::spool`]), verified whole, and only then extracted into a new
+//! directory.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -29,7 +30,7 @@ pub fn get(
     let io_err = |context: String| move |cause| CheckpointError::Io { context, cause };
     let temp_dir = options.temp_dir;
     let mut reader = open_object(store, id, options.version, options.max_archive_size)?;
-    let mut temp = tempfile::Builder::new()
+    let temp = tempfile::Builder::new()
         .prefix(".ckptfs-get-")
         .tempfile_in(temp_dir)
         .map_err(io_err(format!(
@@ -37,10 +38,11 @@ pub fn get(
             temp_dir.display()
         )))?;
     let announced = reader.announced;
-    copy_with_progress(&mut reader, temp.as_file_mut(), &|done| {
-        progress(done, announced)
-    })
-    .map_err(io_err(format!("download checkpoint {id}")))?;
+    let mut spool = super::spool::SpoolWriter::new(temp.as_file());
+    copy_with_progress(&mut reader, &mut spool, &|done| progress(done, announced))
+        .and_then(|_| io::Write::flush(&mut spool))
+        .map_err(io_err(format!("download checkpoint {id}")))?;
+    drop(spool);
     let read = reader.finish()?;
     tracing::debug!(checkpoint = %id, bytes = read, "downloaded and verified; extracting");
     let file = temp.reopen().map_err(io_err("reopen download".into()))?;
