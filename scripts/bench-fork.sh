@@ -141,7 +141,7 @@ echo
 echo "Workspace: $TREE_FILES files, $(human "$TREE_BYTES") (source-like, seed 42), in a local directory" \
     "store; the checkpoint opened and its members primed before the runs. Medians of $BENCH_RUNS runs" \
     "(order alternating); the seals change one file."
-echo "Machine: $(machine_line); data on $([ "$BENCH_FS" = fresh ] && echo "a fresh ext4 (loop)" || echo "the work directory's disk")."
+echo "Machine: $(machine_line); data on $([ "$BENCH_FS" = fresh ] && echo "a fresh ext4 (loop device, direct I/O: $(cat /sys/block/"$(basename "$DATA_LOOP")"/loop/dio 2>/dev/null || echo "?"))" || echo "the work directory's disk")."
 echo
 md_header "measurement" "seconds" "ratio" "target"
 md_row "\`cp -a TREE/. DIR/\`, same disk" "$(f2 "$local_copy")" "1.00" ""

@@ -273,7 +273,7 @@ echo "Median of $BENCH_RUNS runs, local directory store, release build. Mount ki
     "default (the kernel opens files), ro (--read-only), passthrough (--passthrough)." \
     "Local: the tree extracted (tar -xzf) to the disk that holds the cache, read once" \
     "before; staging/ work against the same work in a directory of that disk."
-echo "Machine: $(machine_line); data on $([ "$BENCH_FS" = fresh ] && echo "a fresh ext4 (loop)" || echo "the work directory's disk")."
+echo "Machine: $(machine_line); data on $([ "$BENCH_FS" = fresh ] && echo "a fresh ext4 (loop device, direct I/O: $(cat /sys/block/"$(basename "$DATA_LOOP")"/loop/dio 2>/dev/null || echo "?"))" || echo "the work directory's disk")."
 echo
 md_header "corpus" "mount" "measurement" "ckptfs" "local" "local's value" "ratio" "target"
 cat "$TABLE"

@@ -194,6 +194,10 @@ bench_deps() {
 # of SIZE made in a file of the work directory and mounted at $WORK/fs, so that both
 # sides of a comparison start from the same clean disk, unmounted at exit after the
 # FUSE mount $MNT; with BENCH_FS=here the work directory itself. Sets BENCH_FS and DATA.
+# The loop device does direct I/O to its file (where it can), as a disk would: a plain
+# loop device keeps a second copy of every block in the page cache, under the
+# filesystem's own, which doubles what writing costs on a machine whose new
+# page-cache pages are slow (BENCHMARKS.md section 6) and hides what O_DIRECT saves.
 bench_data_dir() {
     BENCH_FS="${BENCH_FS:-$([ "$(id -u)" = 0 ] && echo fresh || echo here)}"
     DATA="$WORK"
@@ -202,7 +206,9 @@ bench_data_dir() {
     mkdir -p "$DATA"
     truncate -s "$1" "$WORK/fs.img"
     mkfs.ext4 -q -F "$WORK/fs.img"
-    mount -o loop "$WORK/fs.img" "$DATA"
+    DATA_LOOP="$(losetup --find --show --direct-io=on "$WORK/fs.img" 2>/dev/null)" \
+        || DATA_LOOP="$(losetup --find --show "$WORK/fs.img")"
+    mount "$DATA_LOOP" "$DATA"
     trap _data_dir_cleanup EXIT
 }
 
@@ -211,6 +217,7 @@ _data_dir_cleanup() {
     local status=$?
     mountpoint -q "${MNT:-/nonexistent}" 2>/dev/null && { fusermount3 -u "$MNT" || fusermount3 -u -z "$MNT"; }
     umount "$DATA" 2>/dev/null || umount -l "$DATA" 2>/dev/null || true
+    [ -n "${DATA_LOOP:-}" ] && { losetup -d "$DATA_LOOP" 2>/dev/null || true; }
     (exit "$status")
     bench_cleanup
 }
