@@ -62,6 +62,7 @@ both_stores!(
     archives_are_readable_by_other_tools,
     a_turn_compresses_only_what_changed,
     a_turn_reads_only_the_files_that_changed,
+    a_full_temporary_directory_fails_put_and_get_and_leaves_nothing,
 );
 
 /// More than a second, so S3 LastModified and file times can tell writes apart.
@@ -1012,6 +1013,56 @@ fn uncached_put(tree: &Path) -> (String, u64) {
 /// A second capture after a small change takes every unchanged gzip member from the
 /// member cache of the first, and writes the same bytes as a capture without it:
 /// restored by `get` and by `tar -xzf` alike.
+/// A `--temp-dir` too small for the archive (a 1 MiB tmpfs, which takes `O_DIRECT` on
+/// current kernels, so the spool's direct writes are the ones that meet the full
+/// disk): `put` and `get` fail with the disk's error, the store gets nothing, the
+/// temporary directory is left empty and the destination absent; with room, both work.
+fn a_full_temporary_directory_fails_put_and_get_and_leaves_nothing(store: &TestStore) {
+    use std::ffi::OsStr;
+    let work = temp_dir();
+    let src = work.path().join("src");
+    // 3 MiB that gzip cannot shrink: the archive cannot fit in 1 MiB.
+    write_file(&src.join("noise.bin"), &random_bytes(3 << 20, 7), 0o644);
+    write_file(&src.join("note.txt"), b"small\n", 0o644);
+    let small = work.path().join("small");
+    let _disk = crate::util::SmallDisk::mount(&small, "size=1m,mode=0700");
+    let empty = |dir: &Path| fs::read_dir(dir).unwrap().count() == 0;
+
+    let before = store.list_keys();
+    let out = store
+        .cmd(
+            "put",
+            [src.as_os_str(), OsStr::new("--temp-dir"), small.as_os_str()],
+        )
+        .failure();
+    assert!(out.stderr.contains("No space left"), "{out}");
+    assert_eq!(
+        store.list_keys(),
+        before,
+        "a failed put stored something: {out}"
+    );
+    assert!(empty(&small), "the put's spool was left behind");
+
+    let (sha, _) = store.put(&src, &[]);
+    let dest = work.path().join("dest");
+    let out = store
+        .cmd(
+            "get",
+            [
+                OsStr::new(&sha),
+                dest.as_os_str(),
+                OsStr::new("--temp-dir"),
+                small.as_os_str(),
+            ],
+        )
+        .failure();
+    assert!(out.stderr.contains("No space left"), "{out}");
+    assert!(!dest.exists(), "a failed get made {dest:?}");
+    assert!(empty(&small), "the get's download was left behind");
+    store.get(&sha, &dest);
+    assert_same_tree(&src, &dest);
+}
+
 /// The compressed length of each gzip member of `archive`, in order.
 fn member_lengths(mut archive: &[u8]) -> Vec<usize> {
     let mut lengths = Vec::new();
