@@ -14,8 +14,9 @@
 //!   where the filesystem refuses direct I/O (the flag, or a write), or a direct
 //!   write comes back short of a block, the writer goes on through the page cache
 //!   from there, for good;
-//! - `flush` writes everything, the last partial block through the page cache, and
-//!   leaves the descriptor without `O_DIRECT` (nothing after it goes direct).
+//! - `flush` (also on drop) writes everything, the last partial block through the
+//!   page cache, and leaves the descriptor without `O_DIRECT` (nothing after it goes
+//!   direct).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -119,6 +120,14 @@ impl Write for SpoolWriter<'_> {
     }
 }
 
+impl Drop for SpoolWriter<'_> {
+    /// As `BufWriter` does: a writer dropped without `flush` still leaves every byte
+    /// in the file (errors are ignored here; a caller that needs them flushes).
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 /// Sets or clears `O_DIRECT` on `file`'s open file description.
 fn set_direct(file: &File, on: bool) -> io::Result<()> {
     let flags = rustix::fs::fcntl_getfl(file)?;
@@ -191,6 +200,17 @@ mod tests {
         writer.go_buffered().unwrap();
         writer.write_all(&data[CAPACITY + 5000..]).unwrap();
         writer.flush().unwrap();
+        assert!(std::fs::read(dir.path().join("spool")).unwrap() == data);
+    }
+
+    #[test]
+    fn a_writer_dropped_without_flush_still_writes_everything() {
+        let data = pattern(CAPACITY + BLOCK + 17);
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create_new(dir.path().join("spool")).unwrap();
+        let mut writer = SpoolWriter::new(&file);
+        writer.write_all(&data).unwrap();
+        drop(writer);
         assert!(std::fs::read(dir.path().join("spool")).unwrap() == data);
     }
 
