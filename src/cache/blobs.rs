@@ -5,7 +5,10 @@
 //! A new entry whose file has the same digest links that blob in its place instead of
 //! keeping its own copy, so that turns that share most of their files hold them on
 //! disk once. The kernel counts the references: a blob whose link count fell to 1 is
-//! used by no entry, and [`Blobs::collect`] deletes it.
+//! used by no entry, and [`Blobs::collect`] deletes it. A file too large to be held in
+//! memory finds its candidate blob by size ([`Blobs::of_size`]) and is compared with it
+//! as it is written ([`Blobs::link_compared`]), so that the next turn's unchanged large
+//! files are not written again.
 //!
 //! Invariants:
 //! - a blob is linked into an entry only if this process wrote it or found it equal,
@@ -18,7 +21,7 @@
 //! - sharing and collecting hold one lock, so a blob is never deleted between the check
 //!   of its link count and a new link to it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
@@ -32,6 +35,12 @@ pub struct Blobs {
     /// blob and while deleting unused ones.
     trusted: Mutex<HashSet<[u8; 32]>>,
     bytes: AtomicU64,
+    /// Bytes of files linked by [`Blobs::link_compared`]: never written.
+    compared: AtomicU64,
+    /// The blobs' digests by their size, where a file too large to be held in memory
+    /// looks for one that may hold its bytes ([`Blobs::of_size`]). Only a hint: what
+    /// is linked is compared first.
+    by_size: Mutex<HashMap<u64, Vec<[u8; 32]>>>,
 }
 
 impl Blobs {
@@ -41,6 +50,8 @@ impl Blobs {
             dir,
             trusted: Mutex::new(HashSet::new()),
             bytes: AtomicU64::new(0),
+            compared: AtomicU64::new(0),
+            by_size: Mutex::new(HashMap::new()),
         };
         blobs.collect();
         Ok(blobs)
@@ -49,6 +60,28 @@ impl Blobs {
     /// Bytes of the blobs, each counted once however many entries use it.
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Up to four blobs of `size` bytes, the newest first.
+    pub fn of_size(&self, size: u64) -> Vec<[u8; 32]> {
+        let by_size = self.by_size.lock().expect("blobs by size lock");
+        by_size
+            .get(&size)
+            .map(|digests| digests.iter().rev().take(4).copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn add_size(&self, size: u64, digest: &[u8; 32]) {
+        let mut by_size = self.by_size.lock().expect("blobs by size lock");
+        let digests = by_size.entry(size).or_default();
+        if !digests.contains(digest) {
+            digests.push(*digest);
+        }
+    }
+
+    /// Bytes of the files linked to a blob they were compared with, unwritten.
+    pub fn compared_bytes(&self) -> u64 {
+        self.compared.load(Ordering::Relaxed)
     }
 
     /// Shares `file` (just written, whose bytes hash to `digest`): it becomes the
@@ -93,6 +126,52 @@ impl Blobs {
         Ok(true)
     }
 
+    /// The blob named `digest`, opened for reading if it is a regular file: a file
+    /// larger than can be held in memory is compared with it as its bytes come
+    /// ([`Self::link_compared`]).
+    pub fn open_blob(&self, digest: &[u8; 32]) -> io::Result<Option<File>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let blob = self.dir.join(hex::encode(digest));
+        let file = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&blob)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(file.metadata()?.file_type().is_file().then_some(file))
+    }
+
+    /// Links `blob` (from [`Self::open_blob`]), whose bytes were found equal to a new
+    /// file's, every one, and hashed to `digest`, as `dest`: by its descriptor, so
+    /// that the very file compared is linked. False if it cannot be (deleted since by
+    /// [`Self::collect`], no `/proc`): the caller then writes the file.
+    pub fn link_compared(&self, blob: &File, digest: &[u8; 32], dest: &Path) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let mut trusted = self.trusted.lock().expect("blobs lock");
+        let linked = rustix::fs::linkat(
+            rustix::fs::CWD,
+            format!("/proc/self/fd/{}", blob.as_raw_fd()),
+            rustix::fs::CWD,
+            dest,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        );
+        if linked.is_err() {
+            return Ok(false);
+        }
+        let (want, got) = (blob.metadata()?, fs::symlink_metadata(dest)?);
+        if (got.dev(), got.ino()) != (want.dev(), want.ino()) {
+            fs::remove_file(dest)?;
+            return Ok(false);
+        }
+        trusted.insert(*digest);
+        self.compared.fetch_add(want.len(), Ordering::Relaxed);
+        Ok(true)
+    }
+
     fn try_share(&self, file: &Path, digest: &[u8; 32]) -> io::Result<()> {
         let blob = self.dir.join(hex::encode(digest));
         let len = fs::symlink_metadata(file)?.len();
@@ -101,6 +180,7 @@ impl Blobs {
             Ok(()) => {
                 self.bytes.fetch_add(len, Ordering::Relaxed);
                 trusted.insert(*digest);
+                self.add_size(len, digest);
                 return Ok(());
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -118,6 +198,7 @@ impl Blobs {
             fs::hard_link(file, &blob)?;
             self.bytes.fetch_add(len, Ordering::Relaxed);
             trusted.insert(*digest);
+            self.add_size(len, digest);
             return Ok(());
         }
         trusted.insert(*digest);
@@ -135,6 +216,7 @@ impl Blobs {
         let Ok(listing) = fs::read_dir(&self.dir) else {
             return;
         };
+        let mut by_size: HashMap<u64, Vec<[u8; 32]>> = HashMap::new();
         for item in listing.flatten() {
             let Ok(meta) = item.metadata() else { continue };
             if !meta.file_type().is_file() {
@@ -142,6 +224,9 @@ impl Blobs {
             }
             if meta.nlink() > 1 {
                 total += meta.len();
+                if let Some(digest) = digest_of_name(&item.file_name()) {
+                    by_size.entry(meta.len()).or_default().push(digest);
+                }
                 continue;
             }
             if let Some(digest) = digest_of_name(&item.file_name()) {
@@ -152,6 +237,7 @@ impl Blobs {
             }
         }
         self.bytes.store(total, Ordering::Relaxed);
+        *self.by_size.lock().expect("blobs by size lock") = by_size;
     }
 }
 

@@ -174,6 +174,8 @@ pub struct PendingEntry {
     /// The SHA-256 of the next file of its own, when its bytes are known to be a
     /// whole file of an entry whose digest was recorded (see [`records`]).
     known_digest: Option<(u32, [u8; 32])>,
+    /// The size the next file's tar header gives, a hint of which blob may hold it.
+    next_size: Option<(u32, u64)>,
 }
 
 impl PendingEntry {
@@ -191,6 +193,7 @@ impl PendingEntry {
             own: Vec::new(),
             members: None,
             known_digest: None,
+            next_size: None,
         })
     }
 
@@ -256,6 +259,7 @@ impl ContentSink for PendingEntry {
     }
 
     fn contents_at(&mut self, node: u32, offset: u64, len: u64) {
+        self.next_size = Some((node, len));
         if let Some(recorder) = &self.members {
             let mut recorder = recorder.lock().expect("member recorder lock");
             recorder.contents_at(node, offset, len);
@@ -265,11 +269,13 @@ impl ContentSink for PendingEntry {
 
     fn own_file(&mut self, node: u32) -> io::Result<Box<dyn Write + '_>> {
         let known = self.known_digest.take().filter(|&(n, _)| n == node);
+        let size = self.next_size.take().filter(|&(n, _)| n == node);
         Ok(Box::new(OwnFile {
             path: own_file_path(self.dir(), node),
             sink: OwnSink::Memory(Vec::new()),
             hasher: Sha256::new(),
             known: known.map(|(_, digest)| digest),
+            size: size.map(|(_, size)| size),
             node,
             blobs: &self.blobs,
             done: &mut self.own,
@@ -283,6 +289,16 @@ const LINK_IN_MEMORY: usize = 1 << 20;
 
 enum OwnSink {
     Memory(Vec<u8>),
+    /// Larger than is held in memory, and a blob (`name`) began with the same bytes:
+    /// compared with that blob (and hashed) as the bytes come, `at` of them so far,
+    /// and nothing written while they match. Writing a file into new page-cache pages
+    /// can cost more than the rest of a load that rebuilds it (BENCHMARKS.md section
+    /// 6), and the next turn mostly holds the same large files.
+    Comparing {
+        blob: File,
+        at: u64,
+        name: [u8; 32],
+    },
     File(BufWriter<File>),
     /// Linked to the blob of its content.
     Linked,
@@ -299,6 +315,8 @@ struct OwnFile<'a> {
     /// The digest of the bytes to come, known from the record of the entry they were
     /// rebuilt from: then they are not hashed again.
     known: Option<[u8; 32]>,
+    /// The size its tar header gives (a hint: see [`OwnFile::blob_to_compare`]).
+    size: Option<u64>,
     node: u32,
     blobs: &'a Blobs,
     done: &'a mut Vec<(u32, [u8; 32], bool)>,
@@ -326,6 +344,80 @@ impl OwnFile<'_> {
         self.sink = OwnSink::File(file);
         Ok(())
     }
+
+    /// A blob that begins with `held`, and its name: the blob of the recorded
+    /// digest, else one of the size the tar header gives. Either is only a candidate:
+    /// the file is linked to it only if every byte matches and they hash to its name.
+    fn blob_to_compare(&self, held: &[u8]) -> io::Result<Option<(File, [u8; 32])>> {
+        let by_size = self
+            .size
+            .map(|size| self.blobs.of_size(size))
+            .unwrap_or_default();
+        for name in self.known.into_iter().chain(by_size) {
+            let Some(blob) = self.blobs.open_blob(&name)? else {
+                continue;
+            };
+            if holds_at(&blob, 0, held)? {
+                return Ok(Some((blob, name)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The bytes so far matched the blob, but the file is not the blob: writes them
+    /// into the file of its own, from the blob, and goes on writing there. The
+    /// hasher has hashed them all as they came.
+    fn stop_comparing(&mut self) -> io::Result<()> {
+        let OwnSink::Comparing { blob, at, .. } =
+            std::mem::replace(&mut self.sink, OwnSink::Linked)
+        else {
+            unreachable!("only a file being compared stops comparing");
+        };
+        let mut file = BufWriter::with_capacity(256 * 1024, create_private(&self.path)?);
+        let copied = io::copy(&mut ReadAt::new(&blob).take(at), &mut file)?;
+        if copied != at {
+            return Err(io::Error::other("a blob shrank while it was compared"));
+        }
+        self.known = None;
+        self.sink = OwnSink::File(file);
+        Ok(())
+    }
+}
+
+/// Reads a file from its start with `pread`, whatever its descriptor's offset.
+struct ReadAt<'a> {
+    file: &'a File,
+    at: u64,
+}
+
+impl<'a> ReadAt<'a> {
+    fn new(file: &'a File) -> Self {
+        ReadAt { file, at: 0 }
+    }
+}
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// Whether `file` holds `data` at offset `at`.
+fn holds_at(file: &File, at: u64, data: &[u8]) -> io::Result<bool> {
+    let mut buf = [0u8; 64 << 10];
+    let mut reader = ReadAt { file, at };
+    for expected in data.chunks(buf.len()) {
+        let got = &mut buf[..expected.len()];
+        match reader.read_exact(got) {
+            Ok(()) if got == expected => {}
+            Ok(()) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 impl Write for OwnFile<'_> {
@@ -336,8 +428,24 @@ impl Write for OwnFile<'_> {
             }
             OwnSink::Memory(held) => {
                 let held = std::mem::take(held);
+                if let Some((blob, name)) = self.blob_to_compare(&held)? {
+                    self.hasher = Sha256::new();
+                    self.hasher.update(&held);
+                    let at = held.len() as u64;
+                    self.sink = OwnSink::Comparing { blob, at, name };
+                    return self.write(data);
+                }
                 self.distrust(&held);
                 self.spill(&held)?;
+                return self.write(data);
+            }
+            OwnSink::Comparing { blob, at, .. } => {
+                if holds_at(blob, *at, data)? {
+                    *at += data.len() as u64;
+                    self.hasher.update(data);
+                    return Ok(data.len());
+                }
+                self.stop_comparing()?;
                 return self.write(data);
             }
             OwnSink::File(file) => {
@@ -357,6 +465,21 @@ impl Write for OwnFile<'_> {
     fn flush(&mut self) -> io::Result<()> {
         match &mut self.sink {
             OwnSink::File(file) => file.flush(),
+            OwnSink::Comparing { blob, at, name } => {
+                // Linked only if the blob ends here too and the bytes hashed to its
+                // name.
+                let digest: [u8; 32] = self.hasher.clone().finalize().into();
+                if blob.metadata()?.len() == *at
+                    && digest == *name
+                    && self.blobs.link_compared(blob, &digest, &self.path)?
+                {
+                    self.known = Some(digest);
+                    self.sink = OwnSink::Linked;
+                    return Ok(());
+                }
+                self.stop_comparing()?;
+                self.flush()
+            }
             OwnSink::Memory(held) => {
                 let held = std::mem::take(held);
                 let (digest, hashed) = (self.digest(), self.known.is_none());
@@ -391,7 +514,8 @@ impl Drop for OwnFile<'_> {
         let linked = match self.sink {
             OwnSink::File(_) => false,
             OwnSink::Linked => true,
-            OwnSink::Memory(_) => return, // never completed: the entry is discarded
+            // Never completed: the entry is discarded.
+            OwnSink::Memory(_) | OwnSink::Comparing { .. } => return,
         };
         let digest = self.digest();
         self.done.push((self.node, digest, linked));

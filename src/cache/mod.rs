@@ -132,6 +132,9 @@ pub struct CacheStats {
     /// Gzip members of downloads rebuilt from entries already here, not inflated.
     pub reused_members: u64,
     pub inflated_members: u64,
+    /// Bytes of files too large to hold in memory that were found equal to a blob,
+    /// byte for byte, as they came, and linked to it without being written.
+    pub linked_unwritten_bytes: u64,
 }
 
 /// Creates `path` (and missing parents) as a directory only the daemon's user can
@@ -268,6 +271,7 @@ impl Cache {
             evictions: self.evictions.load(Ordering::Relaxed),
             reused_members: self.reused_members.load(Ordering::Relaxed),
             inflated_members: self.inflated_members.load(Ordering::Relaxed),
+            linked_unwritten_bytes: self.blobs.compared_bytes(),
         }
     }
 

@@ -78,6 +78,10 @@ pub fn render(
         "# gzip members of downloads: {} rebuilt from the cache, {} inflated\n",
         cache.reused_members, cache.inflated_members,
     );
+    text += &format!(
+        "# large files of downloads linked to an earlier entry's, unwritten: {} bytes\n",
+        cache.linked_unwritten_bytes,
+    );
     if loads_waiting > 0 {
         text += &format!("# loads waiting for a loader: {loads_waiting}\n");
     }

@@ -901,3 +901,89 @@ fn the_reader_inflates_as_multigzdecoder_does() {
         }
     }
 }
+
+/// The archive of a tree holding `files` (paths and bytes) and a small file, with
+/// fixed times.
+fn tree_of_files(dir: &Path, files: &[(&str, &[u8])]) -> Vec<u8> {
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    for (name, data) in files.iter().chain([&("small.txt", &b"small\n"[..])]) {
+        let path = dir.join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, data).unwrap();
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    }
+    let root = File::open(dir).unwrap();
+    let options = WriterOptions {
+        max_size: u64::MAX,
+        max_unpacked: u64::MAX,
+        threads: 2,
+        members: None,
+        tree: None,
+    };
+    let mut out = Vec::new();
+    write_archive(root.as_fd(), &mut out, &options).unwrap();
+    out
+}
+
+/// Files too large to be held in memory whose bytes a blob of the same size holds
+/// are compared with it as they come and linked to it, never written; one that
+/// differs from such a blob anywhere (from its middle, in its last byte) is written
+/// whole and right.
+#[test]
+fn large_files_the_cache_holds_are_linked_unwritten() {
+    let work = tempfile::tempdir().unwrap();
+    let store = LocalStore::create(&work.path().join("store")).unwrap();
+    let a = noise(3 << 20, 1);
+    let b = noise((2 << 20) + 12_345, 2);
+    let first = store_bytes(
+        &store,
+        &tree_of_files(&work.path().join("t0"), &[("a.bin", &a), ("b.bin", &b)]),
+    );
+    let mut half = a[..2 << 20].to_vec();
+    half.extend(noise(a.len() - half.len(), 3));
+    let mut last = a.clone();
+    *last.last_mut().unwrap() ^= 1;
+    let second = store_bytes(
+        &store,
+        &tree_of_files(
+            &work.path().join("t1"),
+            &[
+                ("moved/a.bin", &a),
+                ("b.bin", &b),
+                ("half.bin", &half),
+                ("last.bin", &last),
+            ],
+        ),
+    );
+    let cache = Cache::open(
+        &crate::cache::CacheDir::open(&work.path().join("cache")).unwrap(),
+        u64::MAX,
+    )
+    .unwrap();
+    load(&cache, &store, &first);
+    assert_eq!(cache.stats().linked_unwritten_bytes, 0);
+    let loaded = load(&cache, &store, &second);
+    assert_eq!(
+        cache.stats().linked_unwritten_bytes,
+        (a.len() + b.len()) as u64
+    );
+    assert_eq!(
+        (loaded.index.clone(), contents(&loaded)),
+        fresh(&store, &second)
+    );
+    use std::os::unix::fs::MetadataExt;
+    let mut shared = 0;
+    for blob in fs::read_dir(work.path().join("cache/blobs")).unwrap() {
+        let blob = blob.unwrap();
+        let bytes = fs::read(blob.path()).unwrap();
+        let name = blob.file_name().into_string().unwrap();
+        assert_eq!(hex::encode(Sha256::digest(&bytes)), name);
+        shared += u64::from(blob.metadata().unwrap().nlink() == 3);
+    }
+    assert_eq!(shared, 2, "a and b held once by both entries");
+}

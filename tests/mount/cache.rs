@@ -470,3 +470,49 @@ pub(super) fn eviction_frees_shared_files_once_and_no_more(store: &TestStore) {
     );
     assert!(status.cache_bytes <= 2700 * 1024, "{}", status.text);
 }
+
+/// A large file (3 MiB) that a later checkpoint holds too is not written again when
+/// that checkpoint loads: compared with the first one's as it comes, and linked to it
+/// (`.status` counts the bytes). Both checkpoints show their own bytes.
+pub(super) fn a_large_file_of_an_earlier_checkpoint_is_linked_unwritten(store: &TestStore) {
+    let work = repo_temp_dir("large-linked-");
+    const SIZE: usize = 3 << 20;
+    let shas: Vec<String> = (0..2u64)
+        .map(|turn| {
+            let dir = work.path().join(format!("turn{turn}"));
+            write_file(&dir.join("big.bin"), &random_bytes(SIZE, 7), 0o644);
+            write_file(
+                &dir.join("small.txt"),
+                format!("{turn}\n").as_bytes(),
+                0o644,
+            );
+            store.put(&dir, &[]).0
+        })
+        .collect();
+    let mount = Mount::new(store)
+        .cache_dir(&work.path().join("cache"))
+        .start();
+    let linked = |mount: &MountedStore| -> u64 {
+        let text = mount.status_text();
+        let line = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    "# large files of downloads linked to an earlier entry's, unwritten: ",
+                )
+            })
+            .unwrap_or_else(|| panic!("no such line in .status:\n{text}"));
+        line.trim_end_matches(" bytes").parse().unwrap()
+    };
+    for (turn, sha) in shas.iter().enumerate() {
+        let data = fs::read(mount.join(sha).join("big.bin")).unwrap();
+        assert!(data == random_bytes(SIZE, 7), "turn {turn}");
+        let small = fs::read_to_string(mount.join(sha).join("small.txt")).unwrap();
+        assert_eq!(small, format!("{turn}\n"));
+        assert_eq!(
+            linked(&mount),
+            turn as u64 * SIZE as u64,
+            "after turn {turn}"
+        );
+    }
+}

@@ -57,4 +57,5 @@ both_stores!(
     cache::turns_share_their_unchanged_files_in_the_cache,
     cache::turn_n_plus_1_is_rebuilt_from_turn_n_in_the_cache,
     cache::eviction_frees_shared_files_once_and_no_more,
+    cache::a_large_file_of_an_earlier_checkpoint_is_linked_unwritten,
 );
