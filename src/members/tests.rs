@@ -96,6 +96,11 @@ fn workspace(dir: &Path, turn: u64) -> Vec<u8> {
         }
         File::open(&sub).unwrap().set_modified(when).unwrap();
     }
+    archive_of(dir)
+}
+
+/// The archive `put` makes of `dir`, without a member cache.
+fn archive_of(dir: &Path) -> Vec<u8> {
     let root = File::open(dir).unwrap();
     let options = WriterOptions {
         max_size: u64::MAX,
@@ -917,17 +922,7 @@ fn tree_of_files(dir: &Path, files: &[(&str, &[u8])]) -> Vec<u8> {
             .set_modified(when)
             .unwrap();
     }
-    let root = File::open(dir).unwrap();
-    let options = WriterOptions {
-        max_size: u64::MAX,
-        max_unpacked: u64::MAX,
-        threads: 2,
-        members: None,
-        tree: None,
-    };
-    let mut out = Vec::new();
-    write_archive(root.as_fd(), &mut out, &options).unwrap();
-    out
+    archive_of(dir)
 }
 
 /// Files too large to be held in memory whose bytes a blob of the same size holds
