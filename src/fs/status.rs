@@ -79,7 +79,7 @@ pub fn render(
         cache.reused_members, cache.inflated_members,
     );
     text += &format!(
-        "# large files of downloads linked to an earlier entry's, unwritten: {} bytes\n",
+        "# large files of checkpoints linked to an earlier entry's, unwritten: {} bytes\n",
         cache.linked_unwritten_bytes,
     );
     if loads_waiting > 0 {

@@ -498,7 +498,7 @@ pub(super) fn a_large_file_of_an_earlier_checkpoint_is_linked_unwritten(store: &
             .lines()
             .find_map(|l| {
                 l.strip_prefix(
-                    "# large files of downloads linked to an earlier entry's, unwritten: ",
+                    "# large files of checkpoints linked to an earlier entry's, unwritten: ",
                 )
             })
             .unwrap_or_else(|| panic!("no such line in .status:\n{text}"));
