@@ -272,7 +272,7 @@ impl Extractor {
             name,
             shown,
             mode,
-            meta: entry_meta(entry),
+            meta: entry_meta(entry)?,
         };
         match kind {
             EntryType::Directory => {

@@ -319,7 +319,7 @@ impl Builder<'_> {
                 return Ok(());
             }
         };
-        let EntryMeta { mtime, uid, gid } = entry_meta(entry);
+        let EntryMeta { mtime, uid, gid } = entry_meta(entry)?;
         let (uid, gid) = (uid as u32, gid as u32);
         let header = entry.header();
         let kind = header.entry_type();

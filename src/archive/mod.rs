@@ -370,7 +370,13 @@ pub struct EntryMeta {
     pub gid: u64,
 }
 
-pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> EntryMeta {
+///
+/// An entry with pax `GNU.sparse.*` records (a sparse file as `tar --sparse
+/// --format=pax` writes it) is refused: its data is a sparse map and the file's pieces,
+/// which the tar reader would show as they are where `tar -x` expands them.
+pub(crate) fn entry_meta<R: std::io::Read>(
+    entry: &mut tar::Entry<'_, R>,
+) -> Result<EntryMeta, ArchiveError> {
     let header = entry.header();
     let mut meta = EntryMeta {
         mtime: header.mtime().map_or(0, |t| t as i64),
@@ -383,6 +389,13 @@ pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> Ent
                 continue;
             };
             match key {
+                key if key.starts_with("GNU.sparse.") => {
+                    return Err(ArchiveError::Hostile {
+                        entry: display_path(&entry.path_bytes()),
+                        reason: "a pax sparse file (GNU.sparse.* records), which ckptfs \
+                                 cannot expand as tar -x does",
+                    });
+                }
                 "mtime" => {
                     if let Ok(t) = value.trim().parse::<f64>()
                         && t.is_finite()
@@ -396,7 +409,7 @@ pub(crate) fn entry_meta<R: std::io::Read>(entry: &mut tar::Entry<'_, R>) -> Ent
             }
         }
     }
-    meta
+    Ok(meta)
 }
 
 /// Renders a raw path for messages and listings, escaped as [`crate::printable`] says.

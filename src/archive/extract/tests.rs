@@ -177,3 +177,64 @@ fn directory_attributes_are_applied_below_first() {
     }
     assert!(fs::metadata(dest.join("q")).unwrap().is_file());
 }
+
+/// A sparse file as `tar --sparse --format=pax` writes it (pax `GNU.sparse.*` records,
+/// the data a sparse map then the file's pieces) is refused by a restore and by the
+/// mount's indexer alike, naming the entry: the tar reader would give the raw map
+/// and pieces where `tar -x` expands them. The restore leaves DEST absent.
+#[test]
+fn a_pax_sparse_file_is_refused_by_both_readers() {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_mtime(1_700_000_000);
+    header.set_entry_type(EntryType::Regular);
+    header.set_size(5);
+    builder
+        .append_data(&mut header, "before.txt", &b"fine\n"[..])
+        .unwrap();
+    builder
+        .append_pax_extensions([
+            ("GNU.sparse.major", &b"1"[..]),
+            ("GNU.sparse.minor", &b"0"[..]),
+            ("GNU.sparse.name", &b"s.bin"[..]),
+            ("GNU.sparse.realsize", &b"1048576"[..]),
+        ])
+        .unwrap();
+    let data = b"1\n0\n4\n\0"; // a map of one piece, then (padding elided) the piece
+    let mut header = tar::Header::new_ustar();
+    header.set_mode(0o644);
+    header.set_mtime(1_700_000_000);
+    header.set_entry_type(EntryType::Regular);
+    header.set_size(data.len() as u64);
+    builder
+        .append_data(&mut header, "GNUSparseFile.1/s.bin", &data[..])
+        .unwrap();
+    let bytes = builder.into_inner().unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    let restored = extract(&bytes[..], &dest, Limits::DEFAULT);
+    let indexed = super::super::index::build(
+        &bytes[..],
+        &mut super::super::index::Discard,
+        Limits::DEFAULT,
+        0,
+    );
+    for (reader, result) in [
+        ("restore", restored.map(drop)),
+        ("index", indexed.map(drop)),
+    ] {
+        match result {
+            Err(e @ ArchiveError::Hostile { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("GNUSparseFile.1/s.bin") && text.contains("sparse"),
+                    "{reader}: {text}"
+                );
+            }
+            other => panic!("{reader}: {other:?}"),
+        }
+    }
+    assert!(!dest.exists() || fs::read_dir(&dest).unwrap().count() == 0);
+}
