@@ -539,5 +539,32 @@ pub fn chmod_opened(fd: impl AsFd, mode: u32) -> io::Result<()> {
     .map_err(os)
 }
 
+/// Links the very file open as `file` at `dest`, through its `/proc/self/fd` link
+/// (never by a path, which could have been swapped), and checks that `dest` is now that
+/// regular file: a `/proc` that is not this process's own could name another. False,
+/// with nothing left at `dest`, where it cannot be linked (another filesystem, no
+/// `/proc`, a file deleted since) or `dest` is not that inode.
+pub fn link_opened(file: &std::fs::File, dest: &std::path::Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let linked = rfs::linkat(
+        rfs::CWD,
+        format!("/proc/self/fd/{}", file.as_raw_fd()),
+        rfs::CWD,
+        dest,
+        AtFlags::SYMLINK_FOLLOW,
+    );
+    if linked.is_err() {
+        return Ok(false);
+    }
+    let same = (|| {
+        let (want, got) = (file.metadata()?, std::fs::symlink_metadata(dest)?);
+        io::Result::Ok(got.is_file() && (got.dev(), got.ino()) == (want.dev(), want.ino()))
+    })();
+    if !matches!(same, Ok(true)) {
+        let _ = std::fs::remove_file(dest);
+    }
+    same
+}
+
 #[cfg(test)]
 mod tests;

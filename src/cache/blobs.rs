@@ -150,25 +150,13 @@ impl Blobs {
     /// that the very file compared is linked. False if it cannot be (deleted since by
     /// [`Self::collect`], no `/proc`): the caller then writes the file.
     pub fn link_compared(&self, blob: &File, digest: &[u8; 32], dest: &Path) -> io::Result<bool> {
-        use std::os::fd::AsRawFd;
         let mut trusted = self.trusted.lock().expect("blobs lock");
-        let linked = rustix::fs::linkat(
-            rustix::fs::CWD,
-            format!("/proc/self/fd/{}", blob.as_raw_fd()),
-            rustix::fs::CWD,
-            dest,
-            rustix::fs::AtFlags::SYMLINK_FOLLOW,
-        );
-        if linked.is_err() {
-            return Ok(false);
-        }
-        let (want, got) = (blob.metadata()?, fs::symlink_metadata(dest)?);
-        if (got.dev(), got.ino()) != (want.dev(), want.ino()) {
-            fs::remove_file(dest)?;
+        if !crate::beneath::link_opened(blob, dest)? {
             return Ok(false);
         }
         trusted.insert(*digest);
-        self.compared.fetch_add(want.len(), Ordering::Relaxed);
+        self.compared
+            .fetch_add(blob.metadata()?.len(), Ordering::Relaxed);
         Ok(true)
     }
 
@@ -271,15 +259,38 @@ pub(crate) fn same_contents(mut a: impl Read, mut b: impl Read) -> io::Result<bo
 
 /// Whether the file at `path` holds exactly `data`.
 fn holds(path: &Path, data: &[u8]) -> io::Result<bool> {
-    let mut file = File::open(path)?;
+    let file = File::open(path)?;
+    Ok(file.metadata()?.len() == data.len() as u64 && holds_at(&file, 0, data)?)
+}
+
+/// Whether `file` holds `data` at offset `at`.
+pub(super) fn holds_at(file: &File, at: u64, data: &[u8]) -> io::Result<bool> {
     let mut buf = [0u8; 64 << 10];
+    let mut reader = ReadAt { file, at };
     for expected in data.chunks(buf.len()) {
-        let n = read_full(&mut file, &mut buf[..expected.len()])?;
-        if buf[..n] != *expected {
-            return Ok(false);
+        let got = &mut buf[..expected.len()];
+        match reader.read_exact(got) {
+            Ok(()) if got == expected => {}
+            Ok(()) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
         }
     }
-    Ok(read_full(&mut file, &mut buf[..1])? == 0)
+    Ok(true)
+}
+
+/// Reads a file from offset `at` on with `pread`, whatever its descriptor's offset.
+pub(super) struct ReadAt<'a> {
+    pub file: &'a File,
+    pub at: u64,
+}
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
 }
 
 /// Reads until `buf` is full or the end; how much was read.

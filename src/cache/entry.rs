@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
-use super::blobs::Blobs;
+use super::blobs::{Blobs, ReadAt, holds_at};
 use super::{CacheError, io_err, read_at};
 use crate::archive::index::{ContentSink, FileLocation, Index, NodeKind};
 use crate::checkpoint::CheckpointId;
@@ -374,7 +374,7 @@ impl OwnFile<'_> {
             unreachable!("only a file being compared stops comparing");
         };
         let mut file = BufWriter::with_capacity(256 * 1024, create_private(&self.path)?);
-        let copied = io::copy(&mut ReadAt::new(&blob).take(at), &mut file)?;
+        let copied = io::copy(&mut ReadAt { file: &blob, at: 0 }.take(at), &mut file)?;
         if copied != at {
             return Err(io::Error::other("a blob shrank while it was compared"));
         }
@@ -382,42 +382,6 @@ impl OwnFile<'_> {
         self.sink = OwnSink::File(file);
         Ok(())
     }
-}
-
-/// Reads a file from its start with `pread`, whatever its descriptor's offset.
-struct ReadAt<'a> {
-    file: &'a File,
-    at: u64,
-}
-
-impl<'a> ReadAt<'a> {
-    fn new(file: &'a File) -> Self {
-        ReadAt { file, at: 0 }
-    }
-}
-
-impl Read for ReadAt<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
-        self.at += n as u64;
-        Ok(n)
-    }
-}
-
-/// Whether `file` holds `data` at offset `at`.
-fn holds_at(file: &File, at: u64, data: &[u8]) -> io::Result<bool> {
-    let mut buf = [0u8; 64 << 10];
-    let mut reader = ReadAt { file, at };
-    for expected in data.chunks(buf.len()) {
-        let got = &mut buf[..expected.len()];
-        match reader.read_exact(got) {
-            Ok(()) if got == expected => {}
-            Ok(()) => return Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
 
 impl Write for OwnFile<'_> {

@@ -145,30 +145,19 @@ impl LocalStore {
     /// shared temporary directory cannot put another file in the store. `None` where
     /// a link cannot be made (another filesystem, no `/proc`).
     fn linked_temp(&self, source: &File) -> Option<tempfile::TempPath> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::MetadataExt;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = self.dir.join(format!(
             "{TEMP_PREFIX}link-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        rustix::fs::linkat(
-            rustix::fs::CWD,
-            format!("/proc/self/fd/{}", source.as_raw_fd()),
-            rustix::fs::CWD,
-            &name,
-            rustix::fs::AtFlags::SYMLINK_FOLLOW,
-        )
-        .ok()?;
+        if !crate::beneath::link_opened(source, &name).ok()? {
+            return None;
+        }
         let Ok(linked) = tempfile::TempPath::try_from_path(&name) else {
             let _ = fs::remove_file(&name);
             return None;
         };
-        let (want, got) = (source.metadata().ok()?, fs::symlink_metadata(&linked).ok()?);
-        if !got.is_file() || (got.dev(), got.ino()) != (want.dev(), want.ino()) {
-            return None;
-        }
         source.sync_all().ok()?;
         Some(linked)
     }
