@@ -27,6 +27,10 @@
 #   BENCH_DIR     work directory (default REPO/.tmp/bench); removed at exit
 #   BENCH_KEEP=1  keep the work directory
 #   CKPTFS_BIN    use this binary instead of building target/release/ckptfs
+#   BENCH_STORE=s3s  the store is s3s-fs on 127.0.0.1 instead of moto (built into
+#                 REPO/.tmp/tools once, as for bench-put.sh): it copies parts with a
+#                 local file copy, as S3 copies them in the store, where moto reads
+#                 the whole source for each copied part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/bench.sh
@@ -42,7 +46,18 @@ CKPTFS_GLOBAL=()
 
 bench_init turns
 bench_deps ""
-bench_moto
+if [ "${BENCH_STORE:-moto}" = s3s ]; then
+    # shellcheck source=scripts/lib/s3s.sh
+    source scripts/lib/s3s.sh
+    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_setup
+    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_start
+    BENCH_PIDS+=("$S3S_PID")
+    export AWS_ENDPOINT_URL="$S3S_ENDPOINT"
+    STORE_NAME="s3s-fs"
+else
+    bench_moto
+    STORE_NAME="moto"
+fi
 
 TREE="$WORK/tree"
 MNT="$WORK/mnt"
@@ -262,7 +277,7 @@ log "turn $turn (clustered): put $(tail -n 1 "$RES/cluster_s") s, sent $(tail -n
 mb="$(human "$TREE_BYTES")"
 full="$(med full_s)"
 echo
-echo "### Turn N+1: put, seal and open after a 1% change, vs a full capture (moto)"
+echo "### Turn N+1: put, seal and open after a 1% change, vs a full capture ($STORE_NAME)"
 echo
 echo "Workspace: $TREE_FILES files, $mb (source-like, seed 42); $BENCH_TURNS turns, each" \
     "editing 1% of the files and adding and removing 3. Object $(human "$OBJECT"). Medians" \

@@ -391,3 +391,71 @@ fn a_fork_onto_a_full_disk_fails_and_leaves_nothing() {
         fs::write(mount.staged("hand").join("f"), "fits\n").unwrap();
     }
 }
+
+/// The daemon copies a fork from its cache as itself and gives the copies to the
+/// caller: on a shared mount (`--allow-other`, a root daemon) another user forks only
+/// a checkpoint whose every entry they could read through the mount, as their own
+/// `cp -a` could, and a refused fork leaves nothing. Root forks anything.
+#[test]
+fn a_fork_gives_no_one_what_they_could_not_read() {
+    use crate::util::users::{as_nobody, shared_binary};
+    use std::os::unix::fs::PermissionsExt;
+    let store = TestStore::local();
+    let work = repo_temp_dir("fork-perms-");
+    let (closed, open) = (work.path().join("closed"), work.path().join("open"));
+    for tree in [&closed, &open] {
+        fs::create_dir_all(tree.join("secret")).unwrap();
+        fs::write(tree.join("pub.txt"), "public\n").unwrap();
+        fs::write(tree.join("secret/id_rsa"), "PRIVATE KEY\n").unwrap();
+    }
+    let mode = |path: &Path, mode: u32| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    mode(&closed.join("secret/id_rsa"), 0o600);
+    mode(&closed.join("secret"), 0o700);
+    let (closed_id, _) = store.put(&closed, &[]);
+    let (open_id, _) = store.put(&open, &[]);
+    let mount = Mount::new(&store)
+        .staging()
+        .reachable_by_all()
+        .args(["--allow-other"])
+        .start();
+    let fork_as_nobody = |id: &str, name: &str| {
+        run(as_nobody()
+            .arg(shared_binary())
+            .arg("fork")
+            .arg(mount.path())
+            .arg(id)
+            .arg(name))
+    };
+    // What the mount itself refuses them...
+    let out = run(as_nobody()
+        .arg("cat")
+        .arg(mount.join(&closed_id).join("secret/id_rsa")));
+    assert!(!out.status.success(), "{out}");
+    // ...a fork does not give them.
+    let out = fork_as_nobody(&closed_id, "steal");
+    assert!(!out.status.success(), "{out}");
+    assert!(out.stderr.contains("ermission denied"), "{out}");
+    assert!(!mount.staged("steal").exists());
+    let log = mount.wait_for_log(&["may not read every entry"], Duration::from_secs(10));
+    assert!(log.contains("secret"), "{log}");
+
+    // A checkpoint they may read, forked as theirs.
+    let out = fork_as_nobody(&open_id, "theirs");
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let theirs = mount.staged("theirs");
+    for name in ["pub.txt", "secret/id_rsa"] {
+        assert_eq!(
+            fs::read(theirs.join(name)).unwrap(),
+            fs::read(open.join(name)).unwrap()
+        );
+    }
+    let file = fs::metadata(theirs.join("secret/id_rsa")).unwrap();
+    assert_eq!((file.uid(), file.gid()), (65534, 65534));
+
+    // Root forks the closed one, owners as shown.
+    let out = fork(mount.path(), &closed_id, "roots");
+    assert!(out.status.success(), "{out}");
+    assert_same_tree(&closed, &mount.staged("roots"));
+}

@@ -18,7 +18,12 @@
 //!   root, the owners it shows for a root caller (as `cp -a` by root gives them), the
 //!   caller's for anyone else; the daemon's own user's otherwise. The workspace's own
 //!   directory is left as its maker made it (an archive's root has no attributes a
-//!   checkpoint keeps).
+//!   checkpoint keeps);
+//! - a caller other than root forks only a checkpoint whose every directory it could
+//!   list and search and whose every file it could read through the mount, under the
+//!   owners and modes shown ([`may_copy_all`]): the daemon reads the cache as itself,
+//!   and gives the copies to the caller, so without this check a fork would hand
+//!   anyone on an `--allow-other` mount the files its permissions keep from them.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -32,7 +37,7 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags, Timespec, Time
 use rustix::io::Errno;
 
 use super::{Caller, StagingTree, generation, os};
-use crate::archive::index::{FileLocation, Node, NodeKind};
+use crate::archive::index::{FileLocation, Index, Node, NodeKind};
 use crate::beneath;
 use crate::cache::VerifiedCheckpoint;
 use crate::checkpoint::CheckpointId;
@@ -102,6 +107,7 @@ impl StagingTree {
             caller,
             shown,
         };
+        may_copy_all(&checkpoint.index, caller, shown)?;
         let workspace = self.empty_workspace(ino)?;
         let root = checkpoint.index.node(0).ok_or(FsError::NotADirectory)?;
         let NodeKind::Dir { children } = &root.kind else {
@@ -200,6 +206,69 @@ impl StagingTree {
     pub(super) fn forget_fork(&self, ino: u64) {
         self.forked.lock().expect("forked lock").remove(&ino);
     }
+}
+
+/// Whether `caller` could copy every entry of `index` through the mount, as `cp -a`
+/// run by that user would: list and search every directory, read every file, under
+/// the owners the mount shows (`shown`, or each entry's own) and the entries' modes.
+/// Root may. The class of bits is chosen as the kernel chooses it, by the caller's
+/// user and primary group only: a FUSE request does not carry supplementary groups,
+/// so a file readable through one of them alone refuses the fork (`cp -a` does it).
+/// The checkpoint's own directory is shown `0555` to all. Refused with `EACCES`,
+/// the first entry refused logged.
+pub(crate) fn may_copy_all(
+    index: &Index,
+    caller: Caller,
+    shown: Option<(u32, u32)>,
+) -> Result<(), FsError> {
+    if caller.uid == 0 {
+        return Ok(());
+    }
+    let may = |node: &Node, need: u32| {
+        let (uid, gid) = shown.unwrap_or((node.uid, node.gid));
+        let bits = if uid == caller.uid {
+            node.mode >> 6
+        } else if gid == caller.gid {
+            node.mode >> 3
+        } else {
+            node.mode
+        } & 0o7;
+        bits & need == need
+    };
+    // (directory, next child), from the root down, and the names on the way.
+    let mut stack: Vec<(u32, usize)> = vec![(crate::archive::index::ROOT, 0)];
+    let mut path: Vec<&[u8]> = Vec::new();
+    while let Some(&mut (dir, ref mut next)) = stack.last_mut() {
+        let Some(NodeKind::Dir { children }) = index.node(dir).map(|n| &n.kind) else {
+            return Err(FsError::NotADirectory);
+        };
+        let Some((name, child)) = children.get(*next) else {
+            stack.pop();
+            path.pop();
+            continue;
+        };
+        *next += 1;
+        let node = index.node(*child).ok_or(FsError::NotFound)?;
+        let allowed = match &node.kind {
+            NodeKind::Dir { .. } => may(node, 0o5),
+            NodeKind::File { .. } => may(node, 0o4),
+            NodeKind::Symlink { .. } => true,
+        };
+        if !allowed {
+            path.push(name);
+            tracing::info!(
+                entry = %crate::printable::escape(&path.join(&b'/')),
+                uid = caller.uid,
+                "fork refused: the caller may not read every entry of the checkpoint"
+            );
+            return Err(FsError::Os(std::io::Error::from_raw_os_error(libc::EACCES)));
+        }
+        if matches!(node.kind, NodeKind::Dir { .. }) {
+            path.push(name);
+            stack.push((*child, 0));
+        }
+    }
+    Ok(())
 }
 
 /// Names the records a capture of a forked workspace keeps (see
@@ -439,4 +508,79 @@ fn set_owner_and_times(
             .map_err(std::io::Error::from)?;
     }
     rfs::utimensat(dir, name, &times(node), AtFlags::SYMLINK_NOFOLLOW).map_err(std::io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(mode: u32, uid: u32, gid: u32, kind: NodeKind) -> Node {
+        Node {
+            mode,
+            uid,
+            gid,
+            mtime: 0,
+            nlink: 1,
+            kind,
+        }
+    }
+
+    fn file() -> NodeKind {
+        NodeKind::File {
+            size: 0,
+            location: FileLocation::Own,
+            checksum: 0,
+        }
+    }
+
+    /// A root holding `dir/` (mode `dir_mode`, owned by 1:1) with `f` in it (mode
+    /// `file_mode`, owned by 1:1), and a symlink no one can read.
+    fn index(dir_mode: u32, file_mode: u32) -> Index {
+        let dir = NodeKind::Dir {
+            children: vec![(b"f".to_vec(), 2)],
+        };
+        let root = NodeKind::Dir {
+            children: vec![(b"dir".to_vec(), 1), (b"link".to_vec(), 3)],
+        };
+        let link = NodeKind::Symlink {
+            target: b"/etc/shadow".to_vec(),
+        };
+        Index {
+            nodes: vec![
+                node(0o755, 0, 0, root),
+                node(dir_mode, 1, 1, dir),
+                node(file_mode, 1, 1, file()),
+                node(0o000, 0, 0, link),
+            ],
+            unpacked_bytes: 0,
+        }
+    }
+
+    fn may(index: &Index, uid: u32, gid: u32, shown: Option<(u32, u32)>) -> bool {
+        may_copy_all(index, Caller { uid, gid }, shown).is_ok()
+    }
+
+    #[test]
+    fn a_fork_takes_only_what_its_caller_could_copy() {
+        let open = index(0o755, 0o644);
+        assert!(may(&open, 7, 7, None), "others may read and search");
+        // A file only its owner may read, a directory only its owner may enter.
+        for closed in [
+            index(0o755, 0o600),
+            index(0o700, 0o644),
+            index(0o711, 0o644),
+        ] {
+            assert!(!may(&closed, 7, 7, None));
+            assert!(may(&closed, 1, 7, None), "the owner may");
+            assert!(may(&closed, 0, 0, None), "root may");
+        }
+        // The class is the kernel's: the owner's bits alone for the owner, then the
+        // group's for the group, even where others' would allow more.
+        assert!(!may(&index(0o755, 0o044), 1, 1, None));
+        assert!(!may(&index(0o755, 0o604), 7, 1, None));
+        assert!(may(&index(0o755, 0o640), 7, 1, None));
+        // Every entry shown as owned by one user: that user's bits.
+        assert!(may(&index(0o700, 0o600), 7, 7, Some((7, 7))));
+        assert!(!may(&index(0o700, 0o600), 1, 1, Some((7, 7))));
+    }
 }
