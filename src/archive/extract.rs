@@ -36,6 +36,16 @@
 //! times the entries counted.
 //! DEST must be absent or an empty directory, and a restore that fails leaves it as
 //! it found it (absent, or empty).
+//!
+//! Whoever may write DEST (its owner, when root restores into another user's
+//! directory) may change it while a restore runs, and must not be able to make the
+//! restore act on anything of theirs, nor the clean-up of a failed one remove it. So
+//! the tree is made in a private directory in DEST (`.ckptfs-get-<random>`, 0700,
+//! checked after it is opened to be the restoring user's own, new and empty), which
+//! no one else can enter, and its top-level names are moved into DEST once it is
+//! whole (`RENAME_NOREPLACE`). Only the private directory is ever emptied; a name moved
+//! into DEST is taken back only after it is moved back into the private directory
+//! and found to be the very entry the restore moved out (anything else goes back).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -45,7 +55,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 use tar::EntryType;
 
 use super::{
@@ -75,7 +85,10 @@ struct DirAttrs {
 }
 
 struct Extractor {
-    dest: OwnedFd,
+    /// The private directory the tree is made in (see the module comment).
+    root: OwnedFd,
+    /// DEST, for messages.
+    dest: std::path::PathBuf,
     /// At the parent of the last entry.
     parents: DirCursor,
     /// At the directory of the last hard link's target.
@@ -88,6 +101,10 @@ struct Extractor {
     /// winning; indexed by the directory's identity.
     dirs: Vec<DirAttrs>,
     dir_index: HashMap<(u64, u64), usize>,
+    /// Top-level directories whose attributes wait for the move into DEST: a
+    /// directory its owner cannot write cannot move to another parent, for a user
+    /// other than root.
+    top_dirs: Vec<DirAttrs>,
     as_root: bool,
     summary: ExtractSummary,
 }
@@ -99,37 +116,106 @@ pub fn extract(
     limits: Limits,
 ) -> Result<ExtractSummary, ArchiveError> {
     let (dest_fd, created) = open_destination(dest)?;
-    let cursor = || {
-        DirCursor::new(dest_fd.as_fd()).map_err(ArchiveError::io(format!(
-            "open destination {}",
-            dest.display()
-        )))
+    let io_err = |what: &str| ArchiveError::io(format!("{what} destination {}", dest.display()));
+    let remove_dest = || {
+        if created {
+            let _ = fs::remove_dir(dest);
+        }
     };
-    let (parents, link_targets) = (cursor()?, cursor()?);
+    let (root, private) = match make_private_dir(&dest_fd) {
+        Ok(made) => made,
+        Err(e) => {
+            remove_dest();
+            return Err(io_err("make a private directory in")(e));
+        }
+    };
+    let mut foreign = false;
+    let result = restore_in(&root, tar, limits, dest).and_then(|mut extractor| {
+        extractor.move_into(&dest_fd, &mut foreign)?;
+        Ok(extractor.summary)
+    });
+    if foreign {
+        tracing::warn!(
+            dest = %dest.display(),
+            name = %private.to_string_lossy(),
+            "the restore's private directory holds something it did not make, and is left as it is"
+        );
+        return result;
+    }
+    // Whatever this restore made and did not move into DEST is in the private
+    // directory (all of it, after a failure), which only this descriptor reaches.
+    if let Err(cleanup) = empty_directory(&root) {
+        tracing::warn!(dest = %dest.display(), error = %cleanup, "could not clean up after a restore");
+        return result;
+    }
+    // By name: DEST's writer may have renamed it (it then stays, empty) or put an
+    // empty directory of theirs in its place (which goes; they could remove it).
+    if let Err(e) = rfs::unlinkat(&dest_fd, &private, AtFlags::REMOVEDIR) {
+        tracing::warn!(dest = %dest.display(), error = %e, "could not remove the restore's private directory");
+    }
+    if result.is_err() {
+        remove_dest();
+    }
+    result
+}
+
+/// Restores the archive in the private directory `root`.
+fn restore_in(
+    root: &OwnedFd,
+    tar: impl Read,
+    limits: Limits,
+    dest: &Path,
+) -> Result<Extractor, ArchiveError> {
+    let open_err = || ArchiveError::io(format!("open destination {}", dest.display()));
+    let cursor = || DirCursor::new(root.as_fd()).map_err(open_err());
     let mut extractor = Extractor {
-        dest: dest_fd,
-        parents,
-        link_targets,
+        parents: cursor()?,
+        link_targets: cursor()?,
+        root: root.try_clone().map_err(open_err())?,
+        dest: dest.to_owned(),
         previous_parent: PreviousPath::default(),
         previous_target: PreviousPath::default(),
         dirs: Vec::new(),
         dir_index: HashMap::new(),
+        top_dirs: Vec::new(),
         as_root: rustix::process::geteuid().is_root(),
         summary: ExtractSummary::default(),
     };
-    let result = super::for_each_entry(tar, limits, |entry, tally| extractor.entry(entry, tally))
-        .and_then(|_| extractor.finish_directories());
-    match result {
-        Ok(()) => Ok(extractor.summary),
-        Err(e) => {
-            // Leave DEST as it was found: whatever this restore made goes.
-            if let Err(cleanup) = empty_directory(&extractor.dest) {
-                tracing::warn!(dest = %dest.display(), error = %cleanup, "could not clean up after a failed restore");
-            } else if created {
-                let _ = fs::remove_dir(dest);
+    super::for_each_entry(tar, limits, |entry, tally| extractor.entry(entry, tally))?;
+    extractor.finish_directories()?;
+    Ok(extractor)
+}
+
+/// Makes the private directory of a restore in DEST (see the module comment); returns
+/// it, open, and its name.
+fn make_private_dir(dest: &OwnedFd) -> io::Result<(OwnedFd, std::ffi::OsString)> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut tries = 0;
+    loop {
+        let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+        random.write_u32(std::process::id());
+        let name = std::ffi::OsString::from(format!(".ckptfs-get-{:016x}", random.finish()));
+        match rfs::mkdirat(dest, &name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::EXIST) if tries < 8 => {
+                tries += 1;
+                continue;
             }
-            Err(e)
+            Err(e) => return Err(e.into()),
         }
+        // Between the mkdir and the open, DEST's writer may have put something else
+        // under the name: only an empty directory of the restoring user's is taken,
+        // and made 0700 whatever the umask gave it.
+        let fd = beneath::open_dir(dest, &name)?;
+        let ours = rfs::fstat(&fd)?.st_uid == rustix::process::geteuid().as_raw()
+            && beneath::list(&fd)?.is_empty();
+        if !ours {
+            return Err(io::Error::other(
+                "a private directory was replaced while it was made",
+            ));
+        }
+        rfs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
+        return Ok((fd, name));
     }
 }
 
@@ -326,33 +412,120 @@ impl Extractor {
         self.link_targets.clear();
         self.parents.clear(); // everything is opened again, now that no entry is left
         for dir in dirs {
+            if !self.as_root && !dir.path.contains(&0) {
+                self.top_dirs.push(dir);
+                continue;
+            }
             let parts: Vec<&[u8]> = dir.path.split(|&b| b == 0).collect();
             let Ok(fd) = self.parents.open(&parts) else {
                 continue; // replaced by a later entry that is not a directory
             };
-            let io_err = |what: &str| {
-                let slashed: Vec<u8> = dir
-                    .path
-                    .iter()
-                    .map(|&b| if b == 0 { b'/' } else { b })
-                    .collect();
-                ArchiveError::io(format!("{what} {}", display_path(&slashed)))
-            };
-            let stat = rfs::fstat(fd).map_err(|e| io_err("stat")(e.into()))?;
-            if (stat.st_dev, stat.st_ino) != dir.dev_ino {
-                continue;
-            }
-            if self.as_root {
-                let (uid, gid) = ids(dir.meta);
-                rfs::fchown(fd, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
-            }
-            rfs::fchmod(fd, Mode::from_raw_mode(dir.mode))
-                .map_err(|e| io_err("chmod")(e.into()))?;
-            rfs::futimens(fd, &timestamps(dir.meta.mtime))
-                .map_err(|e| io_err("set mtime of")(e.into()))?;
+            apply_dir_attrs(&dir, fd, self.as_root)?;
         }
         Ok(())
     }
+
+    /// Moves the tree's top-level names from the private directory into DEST
+    /// (`RENAME_NOREPLACE`), then applies the attributes kept for after the move. If
+    /// a move fails (DEST's writer made the name meanwhile), takes back what it
+    /// moved: each name is moved back into the private directory and kept there only
+    /// if it is the entry this restore moved out; anything else is moved back to DEST,
+    /// and if that fails too, `foreign` is set and the private directory must not be
+    /// emptied.
+    fn move_into(&mut self, dest: &OwnedFd, foreign: &mut bool) -> Result<(), ArchiveError> {
+        let io_err =
+            |what: &str| ArchiveError::io(format!("{what} destination {}", self.dest.display()));
+        let names = beneath::list(&self.root).map_err(io_err("list the restored tree for"))?;
+        let mut moved: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
+        for (name, _) in names {
+            let n = OsStr::from_bytes(&name);
+            let moved_out =
+                rfs::statat(&self.root, n, AtFlags::SYMLINK_NOFOLLOW).and_then(|stat| {
+                    rfs::renameat_with(&self.root, n, dest, n, RenameFlags::NOREPLACE)?;
+                    Ok((stat.st_dev, stat.st_ino))
+                });
+            match moved_out {
+                Ok(id) => moved.push((name, id)),
+                Err(e) => {
+                    *foreign = !self.take_back(dest, &moved);
+                    return Err(match e {
+                        rustix::io::Errno::EXIST => ArchiveError::Destination {
+                            path: self.dest.clone(),
+                            reason: format!(
+                                "changed during the restore: {} appeared in it",
+                                display_path(&name)
+                            ),
+                        },
+                        e => io_err("move the restored tree into")(e.into()),
+                    });
+                }
+            }
+        }
+        for dir in std::mem::take(&mut self.top_dirs) {
+            // Opened by name in DEST, whose writer may have swapped it: `apply`
+            // checks that it is the directory this restore made.
+            let name = OsStr::from_bytes(&dir.path);
+            let applied = beneath::open_dir(dest, name)
+                .map_err(ArchiveError::io(format!(
+                    "open {}",
+                    display_path(&dir.path)
+                )))
+                .and_then(|fd| apply_dir_attrs(&dir, fd.as_fd(), self.as_root));
+            if let Err(e) = applied {
+                // The tree is in DEST, its writer may have been let into it: it is
+                // left there, and the error says so.
+                return Err(ArchiveError::Destination {
+                    path: self.dest.clone(),
+                    reason: format!(
+                        "restored, but the attributes of its directories could not all be applied: {e}"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back the names `moved` into DEST (see [`Self::move_into`]); says whether
+    /// the private directory holds only what this restore made.
+    fn take_back(&self, dest: &OwnedFd, moved: &[(Vec<u8>, (u64, u64))]) -> bool {
+        let mut clean = true;
+        for (name, id) in moved {
+            let n = OsStr::from_bytes(name);
+            if rfs::renameat_with(dest, n, &self.root, n, RenameFlags::NOREPLACE).is_err() {
+                continue; // gone from DEST: nothing of ours to take back there
+            }
+            let ours = rfs::statat(&self.root, n, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|stat| (stat.st_dev, stat.st_ino) == *id);
+            if !ours && rfs::renameat_with(&self.root, n, dest, n, RenameFlags::NOREPLACE).is_err()
+            {
+                clean = false;
+            }
+        }
+        clean
+    }
+}
+
+/// Applies `dir`'s attributes to `fd`, if it is still the directory this restore
+/// made for it (a later entry may have replaced it).
+fn apply_dir_attrs(dir: &DirAttrs, fd: BorrowedFd<'_>, as_root: bool) -> Result<(), ArchiveError> {
+    let io_err = |what: &str| {
+        let slashed: Vec<u8> = dir
+            .path
+            .iter()
+            .map(|&b| if b == 0 { b'/' } else { b })
+            .collect();
+        ArchiveError::io(format!("{what} {}", display_path(&slashed)))
+    };
+    let stat = rfs::fstat(fd).map_err(|e| io_err("stat")(e.into()))?;
+    if (stat.st_dev, stat.st_ino) != dir.dev_ino {
+        return Ok(());
+    }
+    if as_root {
+        let (uid, gid) = ids(dir.meta);
+        rfs::fchown(fd, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
+    }
+    rfs::fchmod(fd, Mode::from_raw_mode(dir.mode)).map_err(|e| io_err("chmod")(e.into()))?;
+    rfs::futimens(fd, &timestamps(dir.meta.mtime)).map_err(|e| io_err("set mtime of")(e.into()))
 }
 
 /// Where an entry is restored (`name` in `parent`), and what its header says.

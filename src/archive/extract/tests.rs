@@ -238,3 +238,102 @@ fn a_pax_sparse_file_is_refused_by_both_readers() {
     }
     assert!(!dest.exists() || fs::read_dir(&dest).unwrap().count() == 0);
 }
+
+/// A reader of `bytes` that first calls `meanwhile`, once: DEST's writer acting while
+/// the restore runs (DEST was found empty before).
+struct Meanwhile<F: FnMut()> {
+    bytes: io::Cursor<Vec<u8>>,
+    meanwhile: Option<F>,
+}
+
+impl<F: FnMut()> Read for Meanwhile<F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(mut meanwhile) = self.meanwhile.take() {
+            meanwhile();
+        }
+        self.bytes.read(buf)
+    }
+}
+
+fn restore_meanwhile(
+    members: &[Member<'_>],
+    dest: &Path,
+    meanwhile: impl FnMut(),
+) -> Result<ExtractSummary, ArchiveError> {
+    let reader = Meanwhile {
+        bytes: io::Cursor::new(tar(members)),
+        meanwhile: Some(meanwhile),
+    };
+    extract(reader, dest, Limits::DEFAULT)
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A failed restore removes only what it made: a directory DEST's writer moved in
+/// meanwhile stays, with what is in it (which the writer might not have been allowed
+/// to remove: root restoring into another user's directory once emptied it whole).
+#[test]
+fn a_failed_restore_removes_only_what_it_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let theirs = tmp.path().join("theirs");
+    fs::create_dir_all(theirs.join("sub")).unwrap();
+    fs::write(theirs.join("sub/precious"), "kept").unwrap();
+    let members = [
+        Dir("a/"),
+        File("a/f", "ours"),
+        File("b", "ours"),
+        HardLink("h", "missing"),
+    ];
+    restore_meanwhile(&members, &dest, || {
+        fs::rename(&theirs, dest.join("theirs")).unwrap();
+    })
+    .unwrap_err();
+    assert_eq!(names_in(&dest), ["theirs"]);
+    assert_eq!(
+        fs::read_to_string(dest.join("theirs/sub/precious")).unwrap(),
+        "kept"
+    );
+}
+
+/// The tree is made out of DEST's writer's reach and moved in whole; a name the
+/// writer made meanwhile is neither replaced nor removed, and fails the restore,
+/// whose names already moved in are taken back.
+#[test]
+fn a_restore_is_made_out_of_reach_and_keeps_a_name_made_meanwhile() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    let members = [Dir("a/"), File("a/f", "ours"), File("b", "ours")];
+    let summary = restore_meanwhile(&members, &dest, || {
+        let names = names_in(&dest);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].starts_with(".ckptfs-get-"), "{names:?}");
+        let private = fs::metadata(dest.join(&names[0])).unwrap();
+        assert_eq!(private.mode() & 0o7777, 0o700);
+    })
+    .unwrap();
+    assert_eq!(summary.entries, 3);
+    assert_eq!(names_in(&dest), ["a", "b"]);
+    assert_eq!(fs::read_to_string(dest.join("a/f")).unwrap(), "ours");
+
+    let dest = tmp.path().join("dest2");
+    fs::create_dir(&dest).unwrap();
+    let err = restore_meanwhile(&members, &dest, || {
+        fs::write(dest.join("b"), "theirs").unwrap();
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("changed during the restore"),
+        "{err}"
+    );
+    assert_eq!(names_in(&dest), ["b"]);
+    assert_eq!(fs::read_to_string(dest.join("b")).unwrap(), "theirs");
+}
