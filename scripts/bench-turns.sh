@@ -30,7 +30,10 @@
 #   BENCH_STORE=s3s  the store is s3s-fs on 127.0.0.1 instead of moto (built into
 #                 REPO/.tmp/tools once, as for bench-put.sh): it copies parts with a
 #                 local file copy, as S3 copies them in the store, where moto reads
-#                 the whole source for each copied part
+#                 the whole source for each copied part (and assembles the object
+#                 by copying every part into a new file: no faster here)
+#   BENCH_STORE=local  a local directory store: ckptfs's own work, the store's taken
+#                 out (the pipeline then writes its archive there; nothing is sent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/bench.sh
@@ -46,7 +49,9 @@ CKPTFS_GLOBAL=()
 
 bench_init turns
 bench_deps ""
-if [ "${BENCH_STORE:-moto}" = s3s ]; then
+if [ "${BENCH_STORE:-moto}" = local ]; then
+    STORE_NAME="a local directory store"
+elif [ "${BENCH_STORE:-moto}" = s3s ]; then
     # shellcheck source=scripts/lib/s3s.sh
     source scripts/lib/s3s.sh
     S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_setup
@@ -64,9 +69,20 @@ MNT="$WORK/mnt"
 LOCAL="$WORK/local"
 TMPD="$WORK/tmp"
 mkdir -p "$LOCAL" "$TMPD"
-BUCKET="bench-turns-$$"
-"$AWS" s3 mb "s3://$BUCKET" >/dev/null
-STORE="s3://$BUCKET/ckpt"
+if [ "${BENCH_STORE:-moto}" = local ]; then
+    STORE="$WORK/store"
+    mkdir -p "$STORE"
+else
+    BUCKET="bench-turns-$$"
+    "$AWS" s3 mb "s3://$BUCKET" >/dev/null
+    STORE="s3://$BUCKET/ckpt"
+fi
+remove_object() {
+    case "$STORE" in
+        s3://*) "$AWS" s3 rm --only-show-errors "$STORE/$1" ;;
+        *) rm -f "$STORE/$1" ;;
+    esac
+}
 
 log "generating a source-like tree: $BENCH_MB MiB, $BENCH_FILES files"
 "$CKPTFS_VENV/bin/python" scripts/lib/gen_corpus.py source "$TREE" --mb "$BENCH_MB" --files "$BENCH_FILES"
@@ -106,8 +122,10 @@ pipeline() {
     tm archive bash -c "$PIPE" pipe "$TREE" "$WORK/sum.out" "$WORK/x.tar.gz"
     sha="$(awk '{ print $1 }' "$WORK/sum.out")"
     size="$(stat -c %s "$WORK/x.tar.gz")"
-    tm upload "$AWS" s3 cp --only-show-errors "$WORK/x.tar.gz" "s3://$BUCKET/pipe/$sha-$RANDOM.tar.gz" \
-        --metadata "sha256=$sha,size=$size"
+    if [ -n "${BUCKET:-}" ]; then
+        tm upload "$AWS" s3 cp --only-show-errors "$WORK/x.tar.gz" "s3://$BUCKET/pipe/$sha-$RANDOM.tar.gz" \
+            --metadata "sha256=$sha,size=$size"
+    fi
     record pipe_s "$(run_total | awk '{ print $1 }')"
     rm -f "$WORK/x.tar.gz"
 }
@@ -124,13 +142,13 @@ for turn in $(seq 1 "$BENCH_TURNS"); do
     # turn's put stored it) or stores it: delete it so that both upload.
     if [ $((turn % 2)) = 1 ]; then
         sha="$(ck_put turn "$WORK/members")"
-        "$AWS" s3 rm --only-show-errors "$STORE/$sha.tar.gz"
+        remove_object "$sha.tar.gz"
         rm -rf "$WORK/empty"; full_sha="$(ck_put full "$WORK/empty")"
         pipeline
     else
         pipeline
         rm -rf "$WORK/empty"; full_sha="$(ck_put full "$WORK/empty")"
-        "$AWS" s3 rm --only-show-errors "$STORE/$full_sha.tar.gz"
+        remove_object "$full_sha.tar.gz"
         sha="$(ck_put turn "$WORK/members")"
     fi
     [ "$sha" = "$full_sha" ] || die "turn $turn: the member cache changed the digest ($sha vs $full_sha)"
@@ -286,7 +304,9 @@ echo "Machine: $(machine_line)."
 echo
 md_header "measurement" "seconds" "ratio" "target"
 md_row "full put (empty member cache: every member compressed)" "$(f2 "$full")" "1.00" ""
-md_row "\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`" "$(f2 "$(med pipe_s)")" "$(ratio "$(med pipe_s)" "$full")" ""
+if [ -n "${BUCKET:-}" ]; then pipe_label="\`tar -czf \\| tee >(sha256sum)\` + \`aws s3 cp\`"
+else pipe_label="\`tar -czf \\| tee >(sha256sum)\` into a file"; fi
+md_row "$pipe_label" "$(f2 "$(med pipe_s)")" "$(ratio "$(med pipe_s)" "$full")" ""
 md_row "put of a 1% turn, member cache of the turns before ($(med turn_reused) members reused, $(med turn_compressed) compressed)" \
     "$(f2 "$(med turn_s)")" "**$(ratio "$(med turn_s)" "$full")**" "≤ 0.25"
 md_row "put of a 1% turn whose changes sit together in the tree (one turn; $(med cluster_reused) members reused, $(med cluster_compressed) compressed)" \
@@ -308,6 +328,7 @@ echo "Runs of the open, in order (seconds): cache holding turn N $(xargs <"$RES/
 
 echo
 md_header "measurement" "value" "ratio" "target"
+if [ -n "${BUCKET:-}" ]; then
 md_row "bytes sent per 1% turn (the rest copied in the store: \`UploadPartCopy\`)" "$(human "$(med turn_sent)")" \
     "**$(ratio "$(med turn_sent)" "$OBJECT")** of the object" "≤ 0.15"
 md_row "bytes sent by the 1% turn whose changes sit together" "$(human "$(med cluster_sent)")" \
@@ -318,6 +339,7 @@ md_row "bytes sent by that first seal on a replica (layout of turn N recorded at
     "$(ratio "$(med first_seal_sent)" "$OBJECT") of the object" ""
 md_row "bytes sent by that first seal without a member cache" "$(human "$(med bare_seal_sent)")" \
     "$(ratio "$(med bare_seal_sent)" "$OBJECT") of the object" ""
+fi # a local store is sent nothing: it writes (or links) the whole object
 md_row "mount cache after reading all $((BENCH_TURNS + 1)) turns" "$(human "$CACHE_BYTES")" \
     "**$(ratio "$CACHE_BYTES" "$TREE_BYTES")** × one turn unpacked" "≤ 1.5"
 cp_v="$(mbps "$TREE_BYTES" "$(med copy_s)")"; loc_v="$(mbps "$TREE_BYTES" "$(med local_copy_s)")"
