@@ -40,12 +40,7 @@ TREE="$WORK/tree"
 TMPD="$WORK/tmp"
 mkdir -p "$TMPD"
 if [ "${BENCH_STORE:-local}" = s3s ]; then
-    # shellcheck source=scripts/lib/s3s.sh
-    source scripts/lib/s3s.sh
-    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_setup
-    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_start
-    BENCH_PIDS+=("$S3S_PID")
-    export AWS_ENDPOINT_URL="$S3S_ENDPOINT"
+    bench_s3s
     BUCKET="bench-put-$$"
     "$AWS" s3 mb "s3://$BUCKET" >/dev/null
     STORE="s3://$BUCKET/ckpt"

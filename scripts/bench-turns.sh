@@ -52,12 +52,7 @@ bench_deps ""
 if [ "${BENCH_STORE:-moto}" = local ]; then
     STORE_NAME="a local directory store"
 elif [ "${BENCH_STORE:-moto}" = s3s ]; then
-    # shellcheck source=scripts/lib/s3s.sh
-    source scripts/lib/s3s.sh
-    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_setup
-    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_start
-    BENCH_PIDS+=("$S3S_PID")
-    export AWS_ENDPOINT_URL="$S3S_ENDPOINT"
+    bench_s3s
     STORE_NAME="s3s-fs"
 else
     bench_moto

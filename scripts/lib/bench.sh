@@ -230,6 +230,17 @@ bench_moto() {
     "$AWS" s3 ls >/dev/null
 }
 
+# The store on s3s-fs instead (built into REPO/.tmp/tools once), which copies parts in
+# the store; stopped at exit with the other servers.
+bench_s3s() {
+    # shellcheck source=scripts/lib/s3s.sh
+    source "$BENCH_ROOT/scripts/lib/s3s.sh"
+    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_setup
+    S3S_TOOLS="$BENCH_ROOT/.tmp/tools" s3s_start
+    BENCH_PIDS+=("$S3S_PID")
+    export AWS_ENDPOINT_URL="$S3S_ENDPOINT"
+}
+
 now_ns() { date +%s%N; }
 
 tm() {
