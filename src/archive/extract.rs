@@ -46,6 +46,10 @@
 //! whole (`RENAME_NOREPLACE`). Only the private directory is ever emptied; a name moved
 //! into DEST is taken back only after it is moved back into the private directory
 //! and found to be the very entry the restore moved out (anything else goes back).
+//! Top-level directories get their attributes (owner, mode) only once every name is
+//! in DEST: until then they are the restoring user's and 0700, so nothing of anyone
+//! else's can be inside one that is taken back and emptied; a failure after that
+//! leaves the tree in DEST and says so.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -101,9 +105,11 @@ struct Extractor {
     /// winning; indexed by the directory's identity.
     dirs: Vec<DirAttrs>,
     dir_index: HashMap<(u64, u64), usize>,
-    /// Top-level directories whose attributes wait for the move into DEST: a
+    /// Top-level directories, whose attributes wait until every name is moved into
+    /// DEST: until then each is the restoring user's, 0700, so no one else can have
+    /// put anything in it when a failed move takes it back and empties it (and a
     /// directory its owner cannot write cannot move to another parent, for a user
-    /// other than root.
+    /// other than root).
     top_dirs: Vec<DirAttrs>,
     as_root: bool,
     summary: ExtractSummary,
@@ -412,7 +418,7 @@ impl Extractor {
         self.link_targets.clear();
         self.parents.clear(); // everything is opened again, now that no entry is left
         for dir in dirs {
-            if !self.as_root && !dir.path.contains(&0) {
+            if !dir.path.contains(&0) {
                 self.top_dirs.push(dir);
                 continue;
             }
@@ -435,7 +441,8 @@ impl Extractor {
     fn move_into(&mut self, dest: &OwnedFd, foreign: &mut bool) -> Result<(), ArchiveError> {
         let io_err =
             |what: &str| ArchiveError::io(format!("{what} destination {}", self.dest.display()));
-        let names = beneath::list(&self.root).map_err(io_err("list the restored tree for"))?;
+        let mut names = beneath::list(&self.root).map_err(io_err("list the restored tree for"))?;
+        names.sort_unstable();
         let mut moved: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
         for (name, _) in names {
             let n = OsStr::from_bytes(&name);
@@ -445,7 +452,11 @@ impl Extractor {
                     Ok((stat.st_dev, stat.st_ino))
                 });
             match moved_out {
-                Ok(id) => moved.push((name, id)),
+                Ok(id) => {
+                    #[cfg(test)]
+                    tests::after_move(&name);
+                    moved.push((name, id));
+                }
                 Err(e) => {
                     *foreign = !self.take_back(dest, &moved);
                     return Err(match e {
@@ -462,16 +473,14 @@ impl Extractor {
             }
         }
         for dir in std::mem::take(&mut self.top_dirs) {
-            // Opened by name in DEST, whose writer may have swapped it: `apply`
-            // checks that it is the directory this restore made.
+            // Opened by name in DEST, whose writer may have swapped it: applied only if
+            // it is the directory this restore made (not there, or not a directory:
+            // a later entry of the archive replaced it).
             let name = OsStr::from_bytes(&dir.path);
-            let applied = beneath::open_dir(dest, name)
-                .map_err(ArchiveError::io(format!(
-                    "open {}",
-                    display_path(&dir.path)
-                )))
-                .and_then(|fd| apply_dir_attrs(&dir, fd.as_fd(), self.as_root));
-            if let Err(e) = applied {
+            let Ok(fd) = beneath::open_dir(dest, name) else {
+                continue;
+            };
+            if let Err(e) = apply_dir_attrs(&dir, fd.as_fd(), self.as_root) {
                 // The tree is in DEST, its writer may have been let into it: it is
                 // left there, and the error says so.
                 return Err(ArchiveError::Destination {

@@ -25,7 +25,9 @@ pub fn run(args: &StatusArgs) -> Result<i32> {
         serde_json::to_writer_pretty(&mut out, &status::parse(&text))?;
         writeln!(out)?;
     } else {
-        out.write_all(text.as_bytes())?;
+        // The mount escapes every name it writes there; a directory that only looks
+        // like a mount could hold anything, so control characters are escaped here too.
+        out.write_all(&crate::printable::for_terminal(text.as_bytes()))?;
     }
     out.flush()?;
     Ok(0)

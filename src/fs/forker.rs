@@ -11,6 +11,10 @@
 //! while the request waits, so nothing else in `staging/` waits for a fork, and
 //! nothing is made in the workspace meanwhile.
 //!
+//! Refusals and failures are logged through [`crate::fs::error::first_time`], as failed
+//! requests are: any user who can make a workspace can ask for forks as fast as they
+//! like, and the log is never rotated by the daemon.
+//!
 //! Invariants: a fork runs on a thread of its own, never on a FUSE request thread (it
 //! may wait for a load and copies a whole tree); at most [`FORKS_AT_ONCE`] run or wait
 //! at once, more are refused with `EBUSY`. The names the fork made are dropped from
@@ -33,6 +37,17 @@ use super::sealer::Sealer;
 use super::staging::{Caller, Forked, StagingTree};
 use super::subtree::KernelCache;
 use crate::cache::VerifiedCheckpoint;
+
+/// Logs a fork's refusal or failure: at info level the first time `reason` is seen in
+/// a while (see the module comment), at debug level after. `reason` is one of a few
+/// fixed texts; `detail` (a checkpoint, an entry) is already escaped.
+pub(crate) fn log_refusal(reason: &str, detail: &str) {
+    if crate::fs::error::first_time(reason) {
+        tracing::info!(detail, "{reason}");
+    } else {
+        tracing::debug!(detail, "{reason}");
+    }
+}
 
 /// The extended attribute that forks a workspace.
 pub const FORK_ATTRIBUTE: &str = "user.ckptfs.fork";
@@ -80,7 +95,10 @@ impl Forker {
         };
         if self.running.fetch_add(1, Ordering::SeqCst) >= FORKS_AT_ONCE {
             self.running.fetch_sub(1, Ordering::SeqCst);
-            tracing::info!("fork refused: {FORKS_AT_ONCE} forks are running");
+            log_refusal(
+                "fork refused: as many forks as may run at once are running",
+                "",
+            );
             return done(Err(FsError::Busy));
         }
         let forker = Arc::clone(self);
@@ -113,8 +131,9 @@ impl Forker {
             .map(str::trim)
             .filter(|r| r.len() >= SHORTEST_PREFIX && r.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| {
-                tracing::info!(
-                    "fork refused: a checkpoint is named by its id or 8 characters of it"
+                log_refusal(
+                    "fork refused: a checkpoint is named by its id or 8 characters of it",
+                    "",
                 );
                 FsError::InvalidArgument
             })?
@@ -127,13 +146,13 @@ impl Forker {
         match (found.next(), found.next()) {
             (Some(slot), None) => Ok(slot),
             (None, _) => {
-                tracing::info!(reference, "fork refused: no such checkpoint");
+                log_refusal("fork refused: no such checkpoint", &reference);
                 Err(FsError::NotFound)
             }
             (Some(_), Some(_)) => {
-                tracing::info!(
-                    reference,
-                    "fork refused: the prefix names several checkpoints"
+                log_refusal(
+                    "fork refused: the prefix names several checkpoints",
+                    &reference,
                 );
                 Err(FsError::InvalidArgument)
             }
@@ -157,9 +176,10 @@ impl Forker {
         let (forked, names) = self
             .staging
             .fork(ino, &checkpoint, caller, self.shown_owner)
-            .inspect_err(
-                |e| tracing::info!(checkpoint = %checkpoint.id, error = %e, "fork failed"),
-            )?;
+            .inspect_err(|e| {
+                let error = crate::printable::message(&e.to_string()).into_owned();
+                log_refusal("fork failed", &format!("{} {error}", checkpoint.id));
+            })?;
         // The kernel holds the workspace's attributes and its (empty) listing.
         if let Some(kernel) = self.kernel.get() {
             kernel.forget_attributes(ino);

@@ -756,3 +756,22 @@ fn a_read_only_passthrough_mount_remounted_rw_still_refuses_writes() {
         .expect_err("opened for writing after a remount");
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
 }
+
+/// `ckptfs status DIR` of a directory that only looks like a mount (any user can
+/// make one with a `.status` file) prints its control characters escaped: the
+/// mount's own `.status` never holds any, a forged one cannot drive the terminal.
+#[test]
+fn status_of_a_forged_mount_cannot_drive_the_terminal() {
+    let work = crate::util::mount::repo_temp_dir("forged-status-");
+    fs::write(
+        work.path().join(".status"),
+        "# ckptfs: store\x1b[2J\x1b]0;pwned\x07\n# seal x: sealed\n",
+    )
+    .unwrap();
+    let out = run(ckptfs().arg("status").arg(work.path())).success();
+    assert!(
+        !out.stdout.contains('\x1b') && !out.stdout.contains('\x07'),
+        "{out}"
+    );
+    assert!(out.stdout.contains("# seal x: sealed\n"), "{out}");
+}

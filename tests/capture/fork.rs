@@ -440,6 +440,16 @@ fn a_fork_gives_no_one_what_they_could_not_read() {
     assert!(!mount.staged("steal").exists());
     let log = mount.wait_for_log(&["may not read every entry"], Duration::from_secs(10));
     assert!(log.contains("secret"), "{log}");
+    // Asking again and again does not fill the log: the reason is logged once.
+    for i in 0..10 {
+        assert!(
+            !fork_as_nobody(&closed_id, &format!("again-{i}"))
+                .status
+                .success()
+        );
+    }
+    let refusals = mount.log_text().matches("may not read every entry").count();
+    assert_eq!(refusals, 1, "{}", mount.log_excerpt());
 
     // A checkpoint they may read, forked as theirs.
     let out = fork_as_nobody(&open_id, "theirs");

@@ -337,3 +337,69 @@ fn a_restore_is_made_out_of_reach_and_keeps_a_name_made_meanwhile() {
     assert_eq!(names_in(&dest), ["b"]);
     assert_eq!(fs::read_to_string(dest.join("b")).unwrap(), "theirs");
 }
+
+type Hook = Box<dyn FnMut(&[u8])>;
+
+thread_local! {
+    /// Called by a restore after each name it moves into DEST, in this thread's tests.
+    static AFTER_MOVE: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
+}
+
+pub(super) fn after_move(name: &[u8]) {
+    AFTER_MOVE.with(|hook| {
+        if let Some(hook) = hook.borrow_mut().as_mut() {
+            hook(name);
+        }
+    });
+}
+
+/// While names move into DEST, a restored top-level directory is still the
+/// restoring user's and 0700, whatever its archive mode: DEST's writer can put
+/// nothing in it before a failed move takes it back and empties it (a directory
+/// given its archive owner first could be filled with a tree of theirs the clean-up
+/// then removed).
+#[test]
+fn a_directory_moved_into_dest_is_closed_until_every_name_is_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, kind, mode) in [
+        ("a/", EntryType::Directory, 0o777),
+        ("a/f", EntryType::Regular, 0o644),
+        ("b", EntryType::Regular, 0o644),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_mtime(1_700_000_000);
+        header.set_size(0);
+        builder.append_data(&mut header, path, &[][..]).unwrap();
+    }
+    let archive = builder.into_inner().unwrap();
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let (in_hook, dest_in_hook) = (seen.clone(), dest.clone());
+    AFTER_MOVE.with(|hook| {
+        *hook.borrow_mut() = Some(Box::new(move |name: &[u8]| {
+            if name == b"a" {
+                let mode = fs::metadata(dest_in_hook.join("a")).unwrap().mode() & 0o7777;
+                in_hook.borrow_mut().push(mode);
+                fs::write(dest_in_hook.join("b"), "theirs").unwrap();
+            }
+        }))
+    });
+    let err = extract(&archive[..], &dest, Limits::DEFAULT).unwrap_err();
+    AFTER_MOVE.with(|hook| hook.borrow_mut().take());
+    assert!(
+        err.to_string().contains("changed during the restore"),
+        "{err}"
+    );
+    assert_eq!(*seen.borrow(), [0o700]);
+    assert_eq!(names_in(&dest), ["b"]);
+    assert_eq!(fs::read_to_string(dest.join("b")).unwrap(), "theirs");
+
+    // Whole, it has its own mode.
+    let dest = tmp.path().join("dest2");
+    extract(&archive[..], &dest, Limits::DEFAULT).unwrap();
+    assert_eq!(fs::metadata(dest.join("a")).unwrap().mode() & 0o7777, 0o777);
+}

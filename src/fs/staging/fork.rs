@@ -181,7 +181,10 @@ impl StagingTree {
                 if *parent == crate::fs::inode::STAGING
         );
         if !top_level {
-            tracing::info!("fork refused: forks make workspaces, directories of staging/ itself");
+            crate::fs::forker::log_refusal(
+                "fork refused: forks make workspaces, directories of staging/ itself",
+                "",
+            );
             return Err(FsError::InvalidArgument);
         }
         self.check_not_frozen(ino)?;
@@ -263,10 +266,13 @@ pub(crate) fn may_copy_all(
         };
         if !allowed {
             path.push(name);
-            tracing::info!(
-                entry = %crate::printable::escape(&path.join(&b'/')),
-                uid = caller.uid,
-                "fork refused: the caller may not read every entry of the checkpoint"
+            crate::fs::forker::log_refusal(
+                "fork refused: the caller may not read every entry of the checkpoint",
+                &format!(
+                    "uid {} may not read {}",
+                    caller.uid,
+                    crate::printable::escape(&path.join(&b'/'))
+                ),
             );
             return Err(FsError::Os(std::io::Error::from_raw_os_error(libc::EACCES)));
         }
