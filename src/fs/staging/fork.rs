@@ -377,6 +377,9 @@ fn build<'a>(
                 .send(job)
                 .map_err(|_| FsError::Os(std::io::Error::other("the fork's fillers stopped")))
         });
+        if walked.is_err() {
+            stop.store(true, Ordering::Relaxed); // what is queued is not filled
+        }
         drop(queue);
         walked
     });
