@@ -123,6 +123,8 @@ fn spinner(message: String) -> Spinner {
     bar.set_style(
         ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid spinner template"),
     );
+    // Drawn at once: the ticker thread's first tick may come after a quick step ended.
+    bar.tick();
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     Spinner(bar)
 }
