@@ -5,7 +5,9 @@
 //! targets, hard-link structure) always gives the same bytes, on any machine, whatever
 //! the inode numbers or the order `readdir` returns. To get there:
 //! - entries are written depth-first, each directory's children sorted by name bytes;
-//!   the root itself is not an entry, paths are relative (`src/lib.rs`);
+//!   paths are relative (`src/lib.rs`), and the root comes last, as `./`: its mode
+//!   and owner where it keeps others out, `0555` and no owner where it does not;
+//!   mtime 0;
 //! - GNU headers, user and group names left empty, long names as GNU `L`/`K` records;
 //! - the first path of a hard-linked file (in that order) holds the data, later paths
 //!   are link entries to it;
@@ -286,6 +288,27 @@ impl Walk {
         root: BorrowedFd<'_>,
     ) -> Result<(), ArchiveError> {
         let root = beneath::open_dir_path(root, &[]).map_err(io_error("open", b"."))?;
+        // The root, as `./` (as `tar -C DIR .` names it), last: its mode is what kept
+        // the tree private, if anything did, and the mount shows it (see
+        // `crate::fs::checkpoints::shown_perm`). Last, so that archives keep the
+        // beginning they had before it was written (and the members a turn reuses).
+        // Not its time: a workspace made anew for each turn (`mkdir`, then a copy
+        // into it) would otherwise never give the digest of the same tree twice.
+        let mut root_header = header_for(
+            &rfs::fstat(&root).map_err(errno("stat", b"."))?,
+            EntryType::Directory,
+        );
+        root_header.set_mtime(0);
+        if root_header.mode().unwrap_or(0) & 0o001 != 0 {
+            // Open to all: written as the mount shows every such root, even before it
+            // knows its mode (`0555`, no owner), so that a copy of a checkpoint
+            // (`cp -a MNT/<sha>/. staging/NAME/`) seals as that checkpoint.
+            root_header.set_mode(0o555);
+            root_header.set_uid(0);
+            root_header.set_gid(0);
+        }
+        root_header.as_old_mut().name[..2].copy_from_slice(b"./");
+        root_header.set_cksum();
         let names = sorted_names(root.as_fd(), b".")?;
         let mut walk = beneath::Descent::new(root);
         let mut stack = vec![Level {
@@ -318,7 +341,10 @@ impl Walk {
                 });
             }
         }
-        Ok(())
+        entry_boundary(builder, b"./", 0)?;
+        builder
+            .append(&root_header, io::empty())
+            .map_err(io_error("archive", b"."))
     }
 
     /// Writes the entry `name` of the walk's directory as `path`; for a directory,

@@ -234,6 +234,7 @@ fn build_filesystem(cli: &Cli, args: &MountArgs) -> Result<Arc<CheckpointFs>> {
             },
             memory_budget: args.memory_budget,
             owner_override: args.owner_self.then_some((uid, gid)),
+            shared: args.allow_other,
             uid,
             gid,
             work_dir,

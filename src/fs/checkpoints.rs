@@ -38,6 +38,8 @@ pub struct Owners {
     pub override_: Option<(u32, u32)>,
     /// The mounting user, who owns each checkpoint's own directory.
     pub mounting: (u32, u32),
+    /// Other users may use the mount (see [`shown_perm`]).
+    pub shared: bool,
 }
 
 enum Handle {
@@ -204,7 +206,7 @@ impl Checkpoints {
         Ok((slot, node, checkpoint))
     }
 
-    fn node_attr(&self, slot: usize, index: u32, node: &Node) -> Attr {
+    fn node_attr(&self, slot: usize, index: u32, node: &Node, root: &Node) -> Attr {
         let (kind, size) = match &node.kind {
             NodeKind::Dir { .. } => (FileKind::Directory, 4096),
             NodeKind::File { size, .. } => (FileKind::File, *size),
@@ -217,7 +219,7 @@ impl Checkpoints {
             generation: 0,
             kind,
             size,
-            perm: (node.mode & 0o7777) as u16,
+            perm: shown_perm(root, node, self.owners.override_, self.owners.shared) as u16,
             nlink: node.nlink,
             uid,
             gid,
@@ -228,15 +230,31 @@ impl Checkpoints {
     }
 
     /// A checkpoint's own directory, known from the listing alone: `ls -l` of the
-    /// root downloads nothing. Once loaded, it has the archive's link count.
-    fn root_attr(&self, slot: &Slot) -> Attr {
-        let nlink = match &*slot.load.lock().expect("slot lock") {
-            Load::Loaded(c) => c.index.node(0).map_or(2, |n| n.nlink),
-            _ => 2,
+    /// root downloads nothing. It is shown `0555`, owned by the mounting user, as
+    /// ckptfs writes every root open to all (see `crate::archive::writer`), and as an
+    /// archive without `./` has it; before the checkpoint is loaded its mode is not
+    /// known, so that is shown for no time at all (the kernel asks again before it
+    /// next checks a permission on it). On a shared mount, a loaded root that keeps
+    /// others out is shown with its own mode and owner (see [`shown_perm`]).
+    fn root_entry(&self, slot: &Slot) -> Entry {
+        let loaded = match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(c) => c.index.node(0).cloned(),
+            _ => None,
+        };
+        let (perm, (uid, gid), nlink) = match &loaded {
+            Some(root) if self.owners.shared && root.mode & 0o001 == 0 => (
+                shown_perm(root, root, self.owners.override_, true),
+                self.owners.override_.unwrap_or((root.uid, root.gid)),
+                root.nlink,
+            ),
+            found => (
+                0o555,
+                self.owners.override_.unwrap_or(self.owners.mounting),
+                found.as_ref().map_or(2, |root| root.nlink),
+            ),
         };
         let time = slot.info.last_modified;
-        let (uid, gid) = self.owners.override_.unwrap_or(self.owners.mounting);
-        Attr {
+        let attr = Attr {
             ino: Inode::Node {
                 slot: slot.index,
                 node: 0,
@@ -245,15 +263,53 @@ impl Checkpoints {
             generation: 0,
             kind: FileKind::Directory,
             size: 4096,
-            perm: 0o555,
+            perm: perm as u16,
             nlink,
             uid,
             gid,
             atime: time,
             mtime: time,
             ctime: time,
+        };
+        match loaded {
+            Some(_) => entry(attr),
+            None => Entry {
+                attr,
+                ttl: Duration::ZERO,
+                name_ttl: IMMUTABLE_TTL,
+            },
         }
     }
+}
+
+/// The permission bits the mount shows for `node` of a checkpoint whose own directory
+/// (the archive's `./`) is `root`, with every entry shown as owned by `owner` if
+/// given. An archive's root may have kept its tree private (a 0700 workspace): where
+/// it lets others search it, every entry shows its own bits; where it does not, only
+/// those who could pass it keep theirs, as the kernel would choose them: the owner's
+/// bits where the entry's owner is the root's and the root lets its owner in, the
+/// group's where the entry's group is the root's and the root lets its group in, and
+/// no one else's. So no one reads through the mount what the workspace's own
+/// directory kept from them, whatever the kernel has cached of the directory itself.
+/// An archive without `./` (ckptfs before it wrote one, other tools) has a `0755`
+/// root: every entry shows its own bits. So does every entry on a mount no other user
+/// may use (`shared` false): there, privacy between users is not the mount's to keep,
+/// and a reviewer reading a sandbox's 0700 workspace as another uid sees its modes.
+pub(crate) fn shown_perm(root: &Node, node: &Node, owner: Option<(u32, u32)>, shared: bool) -> u32 {
+    let mode = node.mode & 0o7777;
+    if !shared || root.mode & 0o001 != 0 {
+        return mode;
+    }
+    let (root_uid, root_gid) = owner.unwrap_or((root.uid, root.gid));
+    let (uid, gid) = owner.unwrap_or((node.uid, node.gid));
+    let mut keep = 0o1000;
+    if uid == root_uid && root.mode & 0o100 != 0 {
+        keep |= 0o700;
+    }
+    if gid == root_gid && root.mode & 0o010 != 0 {
+        keep |= 0o070;
+    }
+    mode & keep
 }
 
 impl Subtree for Checkpoints {
@@ -268,7 +324,8 @@ impl Subtree for Checkpoints {
             .lookup(node, name)
             .ok_or(FsError::NotFound)?;
         let child_node = checkpoint.index.node(child).ok_or(FsError::NotFound)?;
-        Ok(entry(self.node_attr(slot, child, child_node)))
+        let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
+        Ok(entry(self.node_attr(slot, child, child_node, root)))
     }
 
     fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -276,15 +333,16 @@ impl Subtree for Checkpoints {
             let slot = self.slot(slot)?;
             // Before a load, the listing answers; a failed checkpoint still stats.
             if !matches!(*slot.load.lock().expect("slot lock"), Load::Loaded(_)) {
-                return Ok(entry(self.root_attr(&slot)));
+                return Ok(self.root_entry(&slot));
             }
         }
         let (slot, node, checkpoint) = self.node(ino)?;
         if node == 0 {
-            return Ok(entry(self.root_attr(&*self.slot(slot)?)));
+            return Ok(self.root_entry(&*self.slot(slot)?));
         }
         let found = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
-        Ok(entry(self.node_attr(slot, node, found)))
+        let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
+        Ok(entry(self.node_attr(slot, node, found, root)))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
@@ -324,11 +382,12 @@ impl Subtree for Checkpoints {
         }
         // The children (entries 2 and on) are made only as far as the reply takes them.
         let skipped = usize::try_from(offset.saturating_sub(2)).unwrap_or(usize::MAX);
+        let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
         for (i, (name, child)) in children.iter().enumerate().skip(skipped) {
             let child_node = checkpoint.index.node(*child).ok_or(FsError::NotFound)?;
             let entry = DirEntry {
                 ino: Inode::Node { slot, node: *child }.encode(),
-                kind: self.node_attr(slot, *child, child_node).kind,
+                kind: self.node_attr(slot, *child, child_node, root).kind,
                 name: name.clone(),
             };
             if add(&entry, i as u64 + 3) {
@@ -448,5 +507,54 @@ impl Subtree for Checkpoints {
 
     fn refusal(&self, _ino: u64) -> FsError {
         FsError::ReadOnly
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_perm;
+    use crate::archive::index::{Node, NodeKind};
+
+    fn node(mode: u32, uid: u32, gid: u32) -> Node {
+        Node {
+            mode,
+            uid,
+            gid,
+            mtime: 0,
+            nlink: 1,
+            kind: NodeKind::Symlink { target: Vec::new() },
+        }
+    }
+
+    #[test]
+    fn entries_show_only_what_their_checkpoints_own_directory_let_through() {
+        // A root others may search (every archive without `./` has one): own bits.
+        for root in [node(0o755, 1, 1), node(0o711, 1, 1), node(0o701, 1, 1)] {
+            assert_eq!(shown_perm(&root, &node(0o644, 2, 2), None, true), 0o644);
+        }
+        // A 0700 workspace: its owner's entries keep their owner's bits, nothing else.
+        let private = node(0o700, 1, 1);
+        assert_eq!(shown_perm(&private, &node(0o644, 1, 1), None, true), 0o600);
+        assert_eq!(
+            shown_perm(&private, &node(0o1777, 1, 1), None, true),
+            0o1700
+        );
+        assert_eq!(shown_perm(&private, &node(0o644, 2, 1), None, true), 0o000);
+        // 0750: the root's group keeps its bits on entries of that group.
+        let group = node(0o750, 1, 5);
+        assert_eq!(shown_perm(&group, &node(0o664, 1, 5), None, true), 0o660);
+        assert_eq!(shown_perm(&group, &node(0o664, 1, 6), None, true), 0o600);
+        // A root its owner may not search: no one's bits but the sticky one.
+        assert_eq!(
+            shown_perm(&node(0o070, 1, 1), &node(0o644, 1, 2), None, true),
+            0o000
+        );
+        // A mount no other user may use: every entry's own bits.
+        assert_eq!(shown_perm(&private, &node(0o644, 2, 1), None, false), 0o644);
+        // Every entry shown as owned by one user: that user is the root's owner too.
+        assert_eq!(
+            shown_perm(&private, &node(0o644, 2, 2), Some((9, 9)), true),
+            0o600
+        );
     }
 }

@@ -82,6 +82,8 @@ pub struct Forker {
     pub(super) kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
     /// The owner every checkpoint entry is shown with, if one is.
     pub(super) shown_owner: Option<(u32, u32)>,
+    /// Other users may use the mount (`--allow-other`).
+    pub(super) shared: bool,
     pub(super) running: AtomicUsize,
 }
 
@@ -175,7 +177,7 @@ impl Forker {
         let started = Instant::now();
         let (forked, names) = self
             .staging
-            .fork(ino, &checkpoint, caller, self.shown_owner)
+            .fork(ino, &checkpoint, caller, (self.shown_owner, self.shared))
             .inspect_err(|e| {
                 let error = crate::printable::message(&e.to_string()).into_owned();
                 log_refusal("fork failed", &format!("{} {error}", checkpoint.id));

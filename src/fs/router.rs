@@ -32,6 +32,10 @@ pub struct FsConfig {
     pub memory_budget: u64,
     /// Show every checkpoint entry as owned by this uid and gid.
     pub owner_override: Option<(u32, u32)>,
+    /// Other users may use the mount (`--allow-other`): a checkpoint kept private by
+    /// its own directory shows only what those who could enter it may read (see
+    /// [`super::checkpoints::shown_perm`]).
+    pub shared: bool,
     /// Owner of the virtual directories: the mounting user.
     pub uid: u32,
     pub gid: u32,
@@ -116,6 +120,7 @@ impl CheckpointFs {
         let owners = Owners {
             override_: config.owner_override,
             mounting: (config.uid, config.gid),
+            shared: config.shared,
         };
         let kernel = Arc::new(OnceLock::new());
         let checkpoints = Arc::new(Checkpoints::new(
@@ -164,6 +169,7 @@ impl CheckpointFs {
             sealer: Arc::clone(&sealer),
             kernel: Arc::clone(&kernel),
             shown_owner: config.owner_override,
+            shared: config.shared,
             running: Default::default(),
         });
         let latencies = Arc::new(metrics::Latencies::default());

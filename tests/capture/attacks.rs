@@ -775,3 +775,85 @@ fn status_of_a_forged_mount_cannot_drive_the_terminal() {
     );
     assert!(out.stdout.contains("# seal x: sealed\n"), "{out}");
 }
+
+/// A workspace kept private by its own directory (`mkdir -m 700`) stays private once
+/// sealed, on a mount other users share: the checkpoint's own directory shows the
+/// workspace's mode, and its entries show no bits but those of who could enter it,
+/// so another user reads nothing of it, even once its owner opened it (the kernel
+/// holding its entries). The same for a 0700 directory `put` by root.
+#[test]
+fn a_private_workspace_stays_private_once_sealed() {
+    use crate::util::users::{as_nobody, as_user};
+    let store = TestStore::local();
+    let work = repo_temp_dir("private-put-");
+    let tree = work.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    fs::write(tree.join("cfg"), "root only by its directory\n").unwrap();
+    fs::set_permissions(tree.join("cfg"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::set_permissions(&tree, fs::Permissions::from_mode(0o700)).unwrap();
+    let (put_sha, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store)
+        .staging()
+        .reachable_by_all()
+        .args(["--allow-other"])
+        .start();
+    let as_1000 = |script: &str| {
+        run(as_user(1000)
+            .args(["sh", "-c", script])
+            .current_dir(mount.path()))
+    };
+    let out = as_1000(
+        "umask 022 && mkdir -m 700 staging/p && echo private notes > staging/p/notes.txt \
+         && mv staging/p commit/p && cat commit/p/notes.txt",
+    );
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    assert_eq!(out.stdout, "private notes\n");
+    let sha = mount.commit_target("p");
+    let dir = fs::metadata(mount.join(&sha)).unwrap();
+    assert_eq!((dir.mode() & 0o7777, dir.uid()), (0o700, 1000));
+    let notes = mount.join(&sha).join("notes.txt");
+    assert_eq!(fs::metadata(&notes).unwrap().mode() & 0o777, 0o600);
+    let out = run(as_nobody().arg("cat").arg(&notes));
+    assert!(!out.status.success(), "another user read it: {out}");
+    assert!(out.stderr.contains("ermission denied"), "{out}");
+    let out = run(as_nobody().arg("ls").arg(mount.join(&sha)));
+    assert!(!out.status.success(), "another user listed it: {out}");
+    // Its owner still reads it, and so does root.
+    assert_eq!(
+        as_1000(&format!("cat {sha}/notes.txt")).stdout,
+        "private notes\n"
+    );
+    assert_eq!(fs::read_to_string(&notes).unwrap(), "private notes\n");
+    // Forked by its owner, the next turn is as private: the workspace gets the
+    // checkpoint's own directory's mode, and its seal keeps it.
+    let fork = run(as_user(1000)
+        .arg(crate::util::users::shared_binary())
+        .arg("fork")
+        .arg(mount.path())
+        .arg(&sha)
+        .arg("q"));
+    assert!(fork.status.success(), "{fork}\n{}", mount.log_excerpt());
+    assert_eq!(
+        fs::metadata(mount.staged("q")).unwrap().mode() & 0o7777,
+        0o700
+    );
+    let out = as_1000("echo more >> staging/q/notes.txt && mv staging/q commit/q");
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let next = mount.commit_target("q");
+    let out = run(as_nobody()
+        .arg("cat")
+        .arg(mount.join(&next).join("notes.txt")));
+    assert!(
+        !out.status.success(),
+        "another user read the next turn: {out}"
+    );
+
+    // The 0700 tree put by root, opened by root first.
+    let cfg = mount.join(&put_sha).join("cfg");
+    assert_eq!(
+        fs::read_to_string(&cfg).unwrap(),
+        "root only by its directory\n"
+    );
+    let out = run(as_nobody().arg("cat").arg(&cfg));
+    assert!(!out.status.success(), "another user read it: {out}");
+}

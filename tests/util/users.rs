@@ -18,8 +18,18 @@ pub const NOBODY: u32 = 65534;
 /// A command that runs what follows as user and group 65534, no other groups, with
 /// `HOME` somewhere it cannot write.
 pub fn as_nobody() -> Command {
+    as_user(NOBODY)
+}
+
+/// A command that runs what follows as user and group `id` (no account needed), no
+/// other groups, with `HOME` somewhere it cannot write.
+pub fn as_user(id: u32) -> Command {
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+    cmd.arg("--reuid")
+        .arg(id.to_string())
+        .arg("--regid")
+        .arg(id.to_string())
+        .arg("--clear-groups")
         .env("HOME", "/nonexistent")
         .env_remove("XDG_CACHE_HOME");
     cmd

@@ -96,7 +96,7 @@ fn entries_are_sorted_and_relative() {
         .unwrap()
         .map(|e| e.unwrap().path().unwrap().display().to_string())
         .collect();
-    assert_eq!(paths, ["a.txt", "b.txt", "c", "c/inner", "link"]);
+    assert_eq!(paths, ["a.txt", "b.txt", "c", "c/inner", "link", "./"]);
 }
 
 #[test]

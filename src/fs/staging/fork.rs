@@ -19,8 +19,8 @@
 //! - entries get the modes and times the checkpoint shows; when the daemon runs as
 //!   root, the owners it shows for a root caller (as `cp -a` by root gives them), the
 //!   caller's for anyone else; the daemon's own user's otherwise. The workspace's own
-//!   directory is left as its maker made it (an archive's root has no attributes a
-//!   checkpoint keeps);
+//!   directory is left as its maker made it, but for the mode of a checkpoint's root
+//!   that keeps others out (a 0700 workspace), which it gets;
 //! - a caller other than root and the daemon's own user forks only a checkpoint whose
 //!   every directory it could list and search and whose every file it could read
 //!   through the mount, under the owners and modes shown ([`may_copy_all`]): the
@@ -103,7 +103,7 @@ impl StagingTree {
         ino: u64,
         checkpoint: &VerifiedCheckpoint,
         caller: Caller,
-        shown: Option<(u32, u32)>,
+        (shown, shared): (Option<(u32, u32)>, bool),
     ) -> Result<(Forked, Vec<Vec<u8>>), FsError> {
         let owners = ForkOwners {
             can_chown: self.can_chown,
@@ -113,7 +113,7 @@ impl StagingTree {
         // The daemon's own user may read its cache directly; anyone else gets only
         // what the mount would let them read.
         if caller.uid != rustix::process::geteuid().as_raw() {
-            may_copy_all(&checkpoint.index, caller, shown)?;
+            may_copy_all(&checkpoint.index, caller, shown, shared)?;
         }
         let workspace = self.empty_workspace(ino)?;
         let root = checkpoint.index.node(0).ok_or(FsError::NotADirectory)?;
@@ -141,6 +141,11 @@ impl StagingTree {
                 let node = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
                 set_dir_attrs(workspace.as_fd(), OsStr::from_bytes(name), node, owners)
                     .map_err(FsError::Os)?;
+            }
+            // A checkpoint kept private by its own directory stays so: the workspace
+            // gets that directory's mode (see `crate::fs::checkpoints::shown_perm`).
+            if root.mode & 0o001 == 0 {
+                rfs::fchmod(&workspace, Mode::from_raw_mode(root.mode & 0o1777)).map_err(os)?;
             }
             Ok((entries, bytes))
         });
@@ -224,27 +229,43 @@ impl StagingTree {
 /// Root may. The class of bits is chosen as the kernel chooses it, by the caller's
 /// user and primary group only: a FUSE request does not carry supplementary groups,
 /// so a file readable through one of them alone refuses the fork (`cp -a` does it).
-/// The checkpoint's own directory is shown `0555` to all. Refused with `EACCES`,
-/// the first entry refused logged.
+/// The checkpoint's own directory counts, with the bits the mount shows for each
+/// entry ([`crate::fs::checkpoints::shown_perm`]). Refused with `EACCES`, the first
+/// entry refused logged.
 pub(crate) fn may_copy_all(
     index: &Index,
     caller: Caller,
     shown: Option<(u32, u32)>,
+    shared: bool,
 ) -> Result<(), FsError> {
     if caller.uid == 0 {
         return Ok(());
     }
+    let root = index
+        .node(crate::archive::index::ROOT)
+        .ok_or(FsError::NotFound)?;
     let may = |node: &Node, need: u32| {
         let (uid, gid) = shown.unwrap_or((node.uid, node.gid));
+        let mode = crate::fs::checkpoints::shown_perm(root, node, shown, shared);
         let bits = if uid == caller.uid {
-            node.mode >> 6
+            mode >> 6
         } else if gid == caller.gid {
-            node.mode >> 3
+            mode >> 3
         } else {
-            node.mode
+            mode
         } & 0o7;
         bits & need == need
     };
+    if !may(root, 0o5) {
+        crate::fs::forker::log_refusal(
+            "fork refused: the caller may not read every entry of the checkpoint",
+            &format!(
+                "uid {} may not read the checkpoint's own directory",
+                caller.uid
+            ),
+        );
+        return Err(FsError::Os(std::io::Error::from_raw_os_error(libc::EACCES)));
+    }
     // (directory, next child), from the root down, and the names on the way.
     let mut stack: Vec<(u32, usize)> = vec![(crate::archive::index::ROOT, 0)];
     let mut path: Vec<&[u8]> = Vec::new();
@@ -649,7 +670,7 @@ mod tests {
     }
 
     fn may(index: &Index, uid: u32, gid: u32, shown: Option<(u32, u32)>) -> bool {
-        may_copy_all(index, Caller { uid, gid }, shown).is_ok()
+        may_copy_all(index, Caller { uid, gid }, shown, true).is_ok()
     }
 
     #[test]
@@ -674,5 +695,19 @@ mod tests {
         // Every entry shown as owned by one user: that user's bits.
         assert!(may(&index(0o700, 0o600), 7, 7, Some((7, 7))));
         assert!(!may(&index(0o700, 0o600), 1, 1, Some((7, 7))));
+        // The checkpoint's own directory counts: a workspace only its owner could
+        // enter forks for that owner alone, whatever its files' own modes.
+        let mut private = index(0o755, 0o644);
+        (
+            private.nodes[0].mode,
+            private.nodes[0].uid,
+            private.nodes[0].gid,
+        ) = (0o700, 1, 1);
+        assert!(!may(&private, 7, 7, None));
+        assert!(
+            !may(&private, 7, 1, None),
+            "the root's group may not enter it either"
+        );
+        assert!(may(&private, 1, 1, None));
     }
 }

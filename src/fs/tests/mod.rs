@@ -239,6 +239,7 @@ pub fn fixture_with(trees: &[&[(&str, &[u8])]], options: Options) -> (Fixture, V
             },
             memory_budget: options.memory_budget,
             owner_override: None,
+            shared: false,
             uid: 0,
             gid: 0,
             work_dir: cache_dir.path().to_owned(),
