@@ -100,6 +100,21 @@ pub const CHILD_MEMORY: u64 = (std::mem::size_of::<(Vec<u8>, u32)>() + 32) as u6
 /// directory.
 pub const BUILD_NODE_MEMORY: u64 = 464;
 
+#[cfg(test)]
+impl Node {
+    /// A node for tests of what is shown of it: mtime 0, one link.
+    pub(crate) fn for_test(mode: u32, uid: u32, gid: u32, kind: NodeKind) -> Node {
+        Node {
+            mode,
+            uid,
+            gid,
+            mtime: 0,
+            nlink: 1,
+            kind,
+        }
+    }
+}
+
 impl Index {
     /// About what the index takes in memory: what a mount counts against its memory
     /// budget for a loaded checkpoint.

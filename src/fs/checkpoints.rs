@@ -516,14 +516,7 @@ mod tests {
     use crate::archive::index::{Node, NodeKind};
 
     fn node(mode: u32, uid: u32, gid: u32) -> Node {
-        Node {
-            mode,
-            uid,
-            gid,
-            mtime: 0,
-            nlink: 1,
-            kind: NodeKind::Symlink { target: Vec::new() },
-        }
+        Node::for_test(mode, uid, gid, NodeKind::Symlink { target: Vec::new() })
     }
 
     #[test]

@@ -628,14 +628,7 @@ mod tests {
     use super::*;
 
     fn node(mode: u32, uid: u32, gid: u32, kind: NodeKind) -> Node {
-        Node {
-            mode,
-            uid,
-            gid,
-            mtime: 0,
-            nlink: 1,
-            kind,
-        }
+        Node::for_test(mode, uid, gid, kind)
     }
 
     fn file() -> NodeKind {
