@@ -325,11 +325,11 @@ impl Extractor {
             entry: shown.clone(),
             reason,
         })?;
-        self.summary.entries += 1;
         let Some((name, parents)) = parts.split_last() else {
             // The archive's root (`./`): DEST itself, which keeps its own attributes.
             return Ok(());
         };
+        self.summary.entries += 1;
         let replaced_dir = self.restore(entry, tally, parents, OsStr::from_bytes(name), &shown)?;
         if replaced_dir {
             // The directory at this path, and every one below it, is gone: no cursor
