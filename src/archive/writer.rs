@@ -5,9 +5,9 @@
 //! targets, hard-link structure) always gives the same bytes, on any machine, whatever
 //! the inode numbers or the order `readdir` returns. To get there:
 //! - entries are written depth-first, each directory's children sorted by name bytes;
-//!   paths are relative (`src/lib.rs`), and the root comes last, as `./`: its mode
-//!   and owner where it keeps others out, `0555` and no owner where it does not;
-//!   mtime 0;
+//!   paths are relative (`src/lib.rs`); a root that keeps others out (a 0700
+//!   workspace) comes last, as `./` (its mode and owner, mtime 0), any other root is
+//!   not an entry;
 //! - GNU headers, user and group names left empty, long names as GNU `L`/`K` records;
 //! - the first path of a hard-linked file (in that order) holds the data, later paths
 //!   are link entries to it;
@@ -288,27 +288,22 @@ impl Walk {
         root: BorrowedFd<'_>,
     ) -> Result<(), ArchiveError> {
         let root = beneath::open_dir_path(root, &[]).map_err(io_error("open", b"."))?;
-        // The root, as `./` (as `tar -C DIR .` names it), last: its mode is what kept
-        // the tree private, if anything did, and the mount shows it (see
-        // `crate::fs::checkpoints::shown_perm`). Last, so that archives keep the
-        // beginning they had before it was written (and the members a turn reuses).
-        // Not its time: a workspace made anew for each turn (`mkdir`, then a copy
-        // into it) would otherwise never give the digest of the same tree twice.
-        let mut root_header = header_for(
-            &rfs::fstat(&root).map_err(errno("stat", b"."))?,
-            EntryType::Directory,
-        );
-        root_header.set_mtime(0);
-        if root_header.mode().unwrap_or(0) & 0o001 != 0 {
-            // Open to all: written as the mount shows every such root, even before it
-            // knows its mode (`0555`, no owner), so that a copy of a checkpoint
-            // (`cp -a MNT/<sha>/. staging/NAME/`) seals as that checkpoint.
-            root_header.set_mode(0o555);
-            root_header.set_uid(0);
-            root_header.set_gid(0);
-        }
-        root_header.as_old_mut().name[..2].copy_from_slice(b"./");
-        root_header.set_cksum();
+        // A root that keeps others out (no search bit for others: a 0700 workspace) is
+        // written as `./` (as `tar -C DIR .` names it), last: its mode is what kept the
+        // tree private, and the mount shows it (see `crate::fs::checkpoints::shown_perm`).
+        // Last, so that archives keep the beginning they had without it (and the
+        // members a turn reuses). Not its time: a workspace made anew for each turn
+        // would otherwise never give the digest of the same tree twice. Any other root
+        // is not written, as before: a tree open to all has the digest it always had,
+        // and `tar -x` of it leaves the directory it extracts into as it was.
+        let root_stat = rfs::fstat(&root).map_err(errno("stat", b"."))?;
+        let root_header = (root_stat.st_mode & 0o001 == 0).then(|| {
+            let mut header = header_for(&root_stat, EntryType::Directory);
+            header.set_mtime(0);
+            header.as_old_mut().name[..2].copy_from_slice(b"./");
+            header.set_cksum();
+            header
+        });
         let names = sorted_names(root.as_fd(), b".")?;
         let mut walk = beneath::Descent::new(root);
         let mut stack = vec![Level {
@@ -341,6 +336,9 @@ impl Walk {
                 });
             }
         }
+        let Some(root_header) = root_header else {
+            return Ok(());
+        };
         entry_boundary(builder, b"./", 0)?;
         builder
             .append(&root_header, io::empty())

@@ -77,6 +77,10 @@ pub struct Checkpoints {
     /// Own files read without an open (see `read_unopened`), kept open a while.
     unopened: Mutex<LruCache<u64, Arc<File>>>,
     readahead: ReadAhead,
+    /// The own directory (`./`, without its children) of each checkpoint loaded since
+    /// the mount started, by slot: shown even once the checkpoint is evicted, since
+    /// the kernel may still hold its entries (see [`Checkpoints::root_entry`]).
+    roots: Mutex<HashMap<usize, Node>>,
 }
 
 /// Own files kept open for reads that come without an open.
@@ -112,6 +116,33 @@ impl Checkpoints {
             unopened: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(UNOPENED_FILES).expect("non-zero"),
             )),
+            roots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The own directory of the checkpoint in `slot`, without its children: from its
+    /// index if it is loaded (and remembered), as remembered if it was loaded before.
+    fn root_of(&self, slot: &Slot) -> Option<Node> {
+        let loaded = match &*slot.load.lock().expect("slot lock") {
+            Load::Loaded(c) => c.index.node(0).map(|root| Node {
+                mode: root.mode,
+                uid: root.uid,
+                gid: root.gid,
+                mtime: root.mtime,
+                nlink: root.nlink,
+                kind: NodeKind::Dir {
+                    children: Vec::new(),
+                },
+            }),
+            _ => None,
+        };
+        let mut roots = self.roots.lock().expect("roots lock");
+        match loaded {
+            Some(root) => {
+                roots.insert(slot.index, root.clone());
+                Some(root)
+            }
+            None => roots.get(&slot.index).cloned(),
         }
     }
 
@@ -234,13 +265,12 @@ impl Checkpoints {
     /// ckptfs writes every root open to all (see `crate::archive::writer`), and as an
     /// archive without `./` has it; before the checkpoint is loaded its mode is not
     /// known, so that is shown for no time at all (the kernel asks again before it
-    /// next checks a permission on it). On a shared mount, a loaded root that keeps
-    /// others out is shown with its own mode and owner (see [`shown_perm`]).
+    /// next checks a permission on it). On a shared mount, a root that keeps others
+    /// out is shown with its own mode and owner once its checkpoint was loaded, and
+    /// still after it is evicted (see [`shown_perm`]); the first lookup or listing of
+    /// one before that is checked by the daemon ([`Checkpoints::may_enter`]).
     fn root_entry(&self, slot: &Slot) -> Entry {
-        let loaded = match &*slot.load.lock().expect("slot lock") {
-            Load::Loaded(c) => c.index.node(0).cloned(),
-            _ => None,
-        };
+        let loaded = self.root_of(slot);
         let (perm, (uid, gid), nlink) = match &loaded {
             Some(root) if self.owners.shared && root.mode & 0o001 == 0 => (
                 shown_perm(root, root, self.owners.override_, true),
@@ -280,6 +310,59 @@ impl Checkpoints {
             },
         }
     }
+}
+
+impl Checkpoints {
+    /// Whether `caller` may `need` (`0o1` search, `0o4` list) checkpoint directory `ino`
+    /// itself, if it is one kept private by its root on a shared mount (see
+    /// [`shown_perm`]); anything else passes. The kernel checks permissions itself,
+    /// but before a checkpoint is loaded it knows only the provisional `0555` of its
+    /// directory: the lookups and listings that load it must be checked here, or
+    /// another user would see the attributes of its top-level entries. Supplementary
+    /// groups are read from `/proc/<pid>/status` (a caller in another PID namespace
+    /// has none here).
+    pub fn may_enter(&self, ino: u64, caller: (u32, u32, u32), need: u32) -> Result<(), FsError> {
+        let (uid, gid, pid) = caller;
+        if !self.owners.shared || uid == 0 {
+            return Ok(());
+        }
+        let Some(Inode::Node { slot, node: 0 }) = Inode::decode(ino) else {
+            return Ok(());
+        };
+        let Some(root) = self.root_of(&*self.slot(slot)?) else {
+            return Ok(());
+        };
+        if root.mode & 0o001 != 0 {
+            return Ok(());
+        }
+        let (root_uid, root_gid) = self.owners.override_.unwrap_or((root.uid, root.gid));
+        let mode = shown_perm(&root, &root, self.owners.override_, true);
+        let bits = if uid == root_uid {
+            mode >> 6
+        } else if gid == root_gid || in_group(pid, root_gid) {
+            mode >> 3
+        } else {
+            mode
+        } & 0o7;
+        if bits & need == need {
+            Ok(())
+        } else {
+            Err(FsError::Os(std::io::Error::from_raw_os_error(libc::EACCES)))
+        }
+    }
+}
+
+/// Whether process `pid` has `gid` among its supplementary groups.
+fn in_group(pid: u32, gid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Groups:"))
+            .is_some_and(|groups| groups.split_whitespace().any(|g| g == gid.to_string()))
+    })
 }
 
 /// The permission bits the mount shows for `node` of a checkpoint whose own directory

@@ -187,12 +187,16 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         let started = Instant::now();
+        let who = (req.uid(), req.gid(), req.pid());
         self.fs.prepare(parent.0, Reading::Lookup, move |fs| {
             let _timer = Timer(fs, Op::Lookup, started);
-            match fs.lookup(parent.0, &name) {
+            let found = fs
+                .may_enter(parent.0, who, 0o1)
+                .and_then(|()| fs.lookup(parent.0, &name));
+            match found {
                 Ok(entry) => reply_with(reply, &entry),
                 // Node 0: the kernel keeps the name's absence for as long as allowed.
                 Err(e) if e.errno() == libc::ENOENT && !fs.negative_ttl(parent.0).is_zero() => {
@@ -249,13 +253,17 @@ impl Filesystem for FuseAdapter {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let who = (req.uid(), req.gid(), req.pid());
         self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
+            if let Err(e) = fs.may_enter(ino.0, who, 0o4) {
+                return reply.error(errno("readdir", ino.0, &e));
+            }
             let result = fs.readdir(ino.0, offset, &mut |entry, next| {
                 let kind = file_type(entry.kind);
                 reply.add(
@@ -274,7 +282,7 @@ impl Filesystem for FuseAdapter {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -282,8 +290,12 @@ impl Filesystem for FuseAdapter {
     ) {
         // Entries with their attributes, so that `ls -l` needs no lookup per entry.
         let started = Instant::now();
+        let who = (req.uid(), req.gid(), req.pid());
         self.fs.prepare(ino.0, Reading::Readdir, move |fs| {
             let _timer = Timer(fs, Op::Readdir, started);
+            if let Err(e) = fs.may_enter(ino.0, who, 0o4) {
+                return reply.error(errno("readdirplus", ino.0, &e));
+            }
             let result = fs.readdirplus(ino.0, offset, &mut |entry, found, next| {
                 let name = OsStr::from_bytes(&entry.name);
                 match found {

@@ -274,6 +274,16 @@ impl CheckpointFs {
         self.of_inode(parent).lookup(parent, name)
     }
 
+    /// Whether `caller` (uid, gid, pid) may `need` directory `ino` itself, where the
+    /// kernel may have checked it against attributes it held before a load (see
+    /// [`Checkpoints::may_enter`]).
+    pub fn may_enter(&self, ino: u64, caller: (u32, u32, u32), need: u32) -> Result<(), FsError> {
+        match Owner::of_inode(ino) {
+            Owner::Checkpoints => self.checkpoints.may_enter(ino, caller, need),
+            _ => Ok(()),
+        }
+    }
+
     /// How long the kernel may remember that a name is absent from directory
     /// `parent`: for a day in a checkpoint (it never changes), as long as the names
     /// around it in `staging/` (see [`StagingTree::entry_in`]), not at all in the

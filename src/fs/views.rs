@@ -157,8 +157,16 @@ impl Subtree for Views {
         };
         let ino = ino.ok_or(FsError::NotFound)?;
         let attr = match Inode::decode(ino) {
-            // The root's children that are not virtual (checkpoints, staging/).
-            Some(Inode::Node { .. }) => self.checkpoints.getattr(ino)?.attr,
+            // A checkpoint's own directory: its attributes for no time before it is
+            // loaded (see `Checkpoints::root_entry`).
+            Some(Inode::Node { .. }) => {
+                let found = self.checkpoints.getattr(ino)?;
+                return Ok(Entry {
+                    attr: found.attr,
+                    ttl: found.ttl.min(ttl),
+                    name_ttl: ttl,
+                });
+            }
             Some(Inode::Staging) => self.staging.attr_of(ino)?,
             // Rendered at each lookup, as if opened; its name and attributes are
             // never cached, so each path walk looks it up.

@@ -802,6 +802,18 @@ fn a_private_workspace_stays_private_once_sealed() {
             .args(["sh", "-c", script])
             .current_dir(mount.path()))
     };
+    // Before anything loaded the 0700 tree put by root, the kernel knows its directory
+    // only as `0555`: the lookups and the listing that load it are refused all the
+    // same, and none of its entries' attributes is shown.
+    for command in [
+        &["stat", "cfg"][..],
+        &["ls", "-la", "."],
+        &["readlink", "cfg"],
+    ] {
+        let out = run(as_nobody().args(command).current_dir(mount.join(&put_sha)));
+        assert!(!out.status.success(), "{command:?} before the load: {out}");
+        assert!(!out.stdout.contains("cfg"), "{out}");
+    }
     let out = as_1000(
         "umask 022 && mkdir -m 700 staging/p && echo private notes > staging/p/notes.txt \
          && mv staging/p commit/p && cat commit/p/notes.txt",

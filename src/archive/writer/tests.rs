@@ -88,15 +88,32 @@ fn same_tree_gives_same_bytes_whatever_the_creation_order() {
 fn entries_are_sorted_and_relative() {
     let dir = tempfile::tempdir().unwrap();
     sample_tree(dir.path(), true);
-    let mut out = Vec::new();
-    archive_of(dir.path(), &mut out, &options()).unwrap();
-    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(&out[..]));
-    let paths: Vec<String> = archive
-        .entries()
-        .unwrap()
-        .map(|e| e.unwrap().path().unwrap().display().to_string())
-        .collect();
-    assert_eq!(paths, ["a.txt", "b.txt", "c", "c/inner", "link", "./"]);
+    let entries = |mode: u32| -> Vec<(String, u32, u64)> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut out = Vec::new();
+        archive_of(dir.path(), &mut out, &options()).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(&out[..]));
+        archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let header = e.header();
+                let path = e.path().unwrap().display().to_string();
+                (path, header.mode().unwrap(), header.mtime().unwrap())
+            })
+            .collect()
+    };
+    let names = |entries: &[(String, u32, u64)]| -> Vec<String> {
+        entries.iter().map(|(p, _, _)| p.clone()).collect()
+    };
+    let open = entries(0o755);
+    assert_eq!(names(&open), ["a.txt", "b.txt", "c", "c/inner", "link"]);
+    // A root that keeps others out is written last, as `./`, with its mode, time 0.
+    let private = entries(0o700);
+    assert_eq!(names(&private[..5]), names(&open));
+    assert_eq!(private[5], ("./".to_owned(), 0o700, 0));
 }
 
 #[test]
