@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::error::FsError;
@@ -238,17 +238,29 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Directories are opened without asking the daemon: answering ENOSYS once
         // makes the kernel open every directory by itself from then on, and keep
         // their listings in its cache (revalidated by the directory's mtime), which
         // saves a round trip per directory `find` or `ls -R` enters. A checkpoint that
-        // fails verification answers EIO when it is read (`readdir`, `lookup`).
-        self.fs
-            .prepare(ino.0, Reading::Opendir, move |fs| match fs.opendir(ino.0) {
-                Ok(()) => reply.error(Errno::from_i32(libc::ENOSYS)),
+        // fails verification answers EIO when it is read (`readdir`, `lookup`). On a
+        // mount other users share, each open is checked instead, and the listing kept
+        // all the same (see `CheckpointFs::dirs_opened_freely`).
+        let who = (req.uid(), req.gid(), req.pid());
+        self.fs.prepare(ino.0, Reading::Opendir, move |fs| {
+            let opened = fs
+                .opendir(ino.0)
+                .and_then(|()| fs.may_enter(ino.0, who, 0o4));
+            match opened {
+                Ok(()) if fs.dirs_opened_freely() => reply.error(Errno::from_i32(libc::ENOSYS)),
+                Ok(()) if fs.dir_is_immutable(ino.0) => reply.opened(
+                    FileHandle(0),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+                ),
+                Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Err(e) => reply.error(errno("opendir", ino.0, &e)),
-            });
+            }
+        });
     }
 
     fn readdir(

@@ -91,6 +91,9 @@ pub struct CheckpointFs {
     /// Every open goes through the daemon: for passthrough, or because the mount is
     /// writable, so that the kernel would let checkpoint files be opened for writing.
     opens_checked: bool,
+    /// Other users may use the mount (`--allow-other`): directories are opened
+    /// through the daemon (see [`CheckpointFs::dirs_opened_freely`]).
+    shared: bool,
     kernel: Arc<OnceLock<Arc<dyn KernelCache>>>,
 }
 
@@ -200,6 +203,7 @@ impl CheckpointFs {
             forker,
             latencies,
             opens_checked: config.passthrough || !config.read_only,
+            shared: config.shared,
             kernel,
         })
     }
@@ -390,6 +394,21 @@ impl CheckpointFs {
     /// checkpoint file opened for writing is refused (`EROFS`).
     pub fn open_is_free(&self) -> bool {
         !self.opens_checked
+    }
+
+    /// Whether the kernel may open directories by itself (and keep their listings):
+    /// not on a mount other users share, where a directory opened before its
+    /// checkpoint was loaded, on the provisional mode of its own directory, would read
+    /// the listing the kernel caches for its owner later (see
+    /// [`Checkpoints::may_enter`]); there every `opendir` is checked by the daemon.
+    pub fn dirs_opened_freely(&self) -> bool {
+        !self.shared
+    }
+
+    /// Whether directory `ino` never changes (a checkpoint's): its listing may be
+    /// kept by the kernel across opens.
+    pub fn dir_is_immutable(&self, ino: u64) -> bool {
+        matches!(Owner::of_inode(ino), Owner::Checkpoints)
     }
 
     /// Reads file `ino`, through open handle `fh` or by inode ([`super::NO_HANDLE`]).

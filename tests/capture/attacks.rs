@@ -803,8 +803,20 @@ fn a_private_workspace_stays_private_once_sealed() {
             .current_dir(mount.path()))
     };
     // Before anything loaded the 0700 tree put by root, the kernel knows its directory
-    // only as `0555`: the lookups and the listing that load it are refused all the
-    // same, and none of its entries' attributes is shown.
+    // only as `0555`: opening it (to read its listing later, from the kernel's cache,
+    // once its owner listed it), the lookups and the listing that load it are refused
+    // all the same, and none of its entries' attributes is shown. (A directory listed
+    // first: the kernel would then open directories without asking, were it let.)
+    fs::read_dir(mount.path()).unwrap().for_each(drop);
+    let out = run(as_nobody()
+        .args([
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import os, sys\ntry:\n    os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\nexcept PermissionError:\n    sys.exit(13)",
+        ])
+        .arg(mount.join(&put_sha)));
+    assert_eq!(out.status.code(), Some(13), "opened before the load: {out}");
     for command in [
         &["stat", "cfg"][..],
         &["ls", "-la", "."],
