@@ -352,6 +352,38 @@ impl Checkpoints {
     }
 }
 
+impl Checkpoints {
+    /// Whether `caller` may reach entry `ino` of a checkpoint (its attributes, its
+    /// link's target): on a shared mount, inside a checkpoint whose root keeps others
+    /// out, only if the caller may search that root. The kernel checks the root
+    /// itself, but it may share another caller's lookup of the same name while the
+    /// checkpoint loads, so the attributes of such entries are given for no time
+    /// ([`Checkpoints::entry_in`]) and each request for them is checked here.
+    pub fn may_reach(&self, ino: u64, caller: (u32, u32, u32)) -> Result<(), FsError> {
+        match Inode::decode(ino) {
+            Some(Inode::Node { slot, node }) if node != 0 => {
+                self.may_enter(Inode::Node { slot, node: 0 }.encode(), caller, 0o1)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The entry for `attr`, of a node of the checkpoint in `slot` other than its own
+    /// directory: kept by the kernel for a day, or for no time inside a checkpoint kept
+    /// private on a shared mount (see [`Checkpoints::may_reach`]).
+    fn entry_in(&self, root: &Node, attr: Attr) -> Entry {
+        if self.owners.shared && root.mode & 0o001 == 0 {
+            Entry {
+                attr,
+                ttl: Duration::ZERO,
+                name_ttl: IMMUTABLE_TTL,
+            }
+        } else {
+            entry(attr)
+        }
+    }
+}
+
 /// Whether process `pid` has `gid` among its supplementary groups.
 fn in_group(pid: u32, gid: u32) -> bool {
     if pid == 0 {
@@ -408,7 +440,7 @@ impl Subtree for Checkpoints {
             .ok_or(FsError::NotFound)?;
         let child_node = checkpoint.index.node(child).ok_or(FsError::NotFound)?;
         let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
-        Ok(entry(self.node_attr(slot, child, child_node, root)))
+        Ok(self.entry_in(root, self.node_attr(slot, child, child_node, root)))
     }
 
     fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -425,7 +457,7 @@ impl Subtree for Checkpoints {
         }
         let found = checkpoint.index.node(node).ok_or(FsError::NotFound)?;
         let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
-        Ok(entry(self.node_attr(slot, node, found, root)))
+        Ok(self.entry_in(root, self.node_attr(slot, node, found, root)))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {

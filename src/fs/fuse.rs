@@ -216,22 +216,24 @@ impl Filesystem for FuseAdapter {
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let started = Instant::now();
+        let who = (req.uid(), req.gid(), req.pid());
         self.fs.prepare(ino.0, Reading::Getattr, move |fs| {
             let _timer = Timer(fs, Op::Getattr, started);
-            match fs.getattr(ino.0) {
+            match fs.may_reach(ino.0, who).and_then(|()| fs.getattr(ino.0)) {
                 Ok(entry) => reply.attr(&entry.ttl, &file_attr(&entry.attr)),
                 Err(e) => reply.error(errno("getattr", ino.0, &e)),
             }
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let started = Instant::now();
+        let who = (req.uid(), req.gid(), req.pid());
         self.fs.prepare(ino.0, Reading::Readlink, move |fs| {
             let _timer = Timer(fs, Op::Readlink, started);
-            match fs.readlink(ino.0) {
+            match fs.may_reach(ino.0, who).and_then(|()| fs.readlink(ino.0)) {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(errno("readlink", ino.0, &e)),
             }
@@ -311,11 +313,12 @@ impl Filesystem for FuseAdapter {
             let result = fs.readdirplus(ino.0, offset, &mut |entry, found, next| {
                 let name = OsStr::from_bytes(&entry.name);
                 match found {
+                    // One lifetime for the name and the attributes here: the shorter.
                     Some(found) => reply.add(
                         INodeNo(found.attr.ino),
                         next,
                         name,
-                        &found.name_ttl,
+                        &found.name_ttl.min(found.ttl),
                         &file_attr(&found.attr),
                         Generation(found.attr.generation.into()),
                     ),

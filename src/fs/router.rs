@@ -405,6 +405,15 @@ impl CheckpointFs {
         !self.shared
     }
 
+    /// Whether `caller` (uid, gid, pid) may reach entry `ino` (see
+    /// [`Checkpoints::may_reach`]).
+    pub fn may_reach(&self, ino: u64, caller: (u32, u32, u32)) -> Result<(), FsError> {
+        match Owner::of_inode(ino) {
+            Owner::Checkpoints => self.checkpoints.may_reach(ino, caller),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether directory `ino` never changes (a checkpoint's): its listing may be
     /// kept by the kernel across opens.
     pub fn dir_is_immutable(&self, ino: u64) -> bool {
