@@ -265,18 +265,27 @@ impl Checkpoints {
     /// ckptfs writes every root open to all (see `crate::archive::writer`), and as an
     /// archive without `./` has it; before the checkpoint is loaded its mode is not
     /// known, so that is shown for no time at all (the kernel asks again before it
-    /// next checks a permission on it). On a shared mount, a root that keeps others
-    /// out is shown with its own mode and owner once its checkpoint was loaded, and
-    /// still after it is evicted (see [`shown_perm`]); the first lookup or listing of
-    /// one before that is checked by the daemon ([`Checkpoints::may_enter`]).
+    /// next checks a permission on it).
+    ///
+    /// On a shared mount, a root that keeps others out (see [`is_open`]) is shown with
+    /// its own mode and owner once its checkpoint was loaded, and still after it is
+    /// evicted (see [`shown_perm`]). Before the first load there, the root is shown
+    /// `0500` (the mounting user's), which lets no other user in by the kernel's own
+    /// checks: things the kernel admits without asking the daemon (an inotify watch,
+    /// a `stat` from its cache, an `O_PATH` open below) must not be admitted on a mode
+    /// not yet known. Denied, the kernel asks for the attributes again before it
+    /// gives up, and that `getattr` waits for the load (see `CheckpointFs::prepare`),
+    /// so everyone is then judged by the root's own mode. The first lookup or listing
+    /// is also checked by the daemon ([`Checkpoints::may_enter`]).
     fn root_entry(&self, slot: &Slot) -> Entry {
         let loaded = self.root_of(slot);
         let (perm, (uid, gid), nlink) = match &loaded {
-            Some(root) if self.owners.shared && root.mode & 0o001 == 0 => (
+            Some(root) if self.owners.shared && !is_open(root) => (
                 shown_perm(root, root, self.owners.override_, true),
                 self.owners.override_.unwrap_or((root.uid, root.gid)),
                 root.nlink,
             ),
+            None if self.owners.shared => (0o500, self.owners.mounting, 2),
             found => (
                 0o555,
                 self.owners.override_.unwrap_or(self.owners.mounting),
@@ -303,6 +312,8 @@ impl Checkpoints {
         };
         match loaded {
             Some(_) => entry(attr),
+            // Kept until the load, when the daemon drops it from the kernel's cache.
+            None if self.owners.shared => entry(attr),
             None => Entry {
                 attr,
                 ttl: Duration::ZERO,
@@ -332,7 +343,7 @@ impl Checkpoints {
         let Some(root) = self.root_of(&*self.slot(slot)?) else {
             return Ok(());
         };
-        if root.mode & 0o001 != 0 {
+        if is_open(&root) {
             return Ok(());
         }
         let (root_uid, root_gid) = self.owners.override_.unwrap_or((root.uid, root.gid));
@@ -381,6 +392,21 @@ impl Checkpoints {
         } else {
             entry(attr)
         }
+    }
+}
+
+/// Whether a checkpoint's own directory lets every user list and search it: only
+/// then does the mount show it as `0555` on a shared mount. A root others may search
+/// but not list (a 0711 workspace) keeps its names from them, as on a disk.
+pub(crate) fn is_open(root: &Node) -> bool {
+    root.mode & 0o005 == 0o005
+}
+
+impl Checkpoints {
+    /// Whether the root of the checkpoint in `slot` was known once since the mount
+    /// started (loaded now or before).
+    pub fn root_known(&self, slot: &Slot) -> bool {
+        self.root_of(slot).is_some()
     }
 }
 
@@ -627,7 +653,7 @@ impl Subtree for Checkpoints {
 
 #[cfg(test)]
 mod tests {
-    use super::shown_perm;
+    use super::{is_open, shown_perm};
     use crate::archive::index::{Node, NodeKind};
 
     fn node(mode: u32, uid: u32, gid: u32) -> Node {
@@ -659,6 +685,9 @@ mod tests {
         );
         // A mount no other user may use: every entry's own bits.
         assert_eq!(shown_perm(&private, &node(0o644, 2, 1), None, false), 0o644);
+        // Only a root every user may list and search is shown as one (`0555`).
+        assert!(is_open(&node(0o755, 1, 1)) && is_open(&node(0o705, 1, 1)));
+        assert!(!is_open(&node(0o711, 1, 1)) && !is_open(&node(0o744, 1, 1)));
         // Every entry shown as owned by one user: that user is the root's owner too.
         assert_eq!(
             shown_perm(&private, &node(0o644, 2, 2), Some((9, 9)), true),

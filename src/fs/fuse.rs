@@ -310,9 +310,11 @@ impl Filesystem for FuseAdapter {
             if let Err(e) = fs.may_enter(ino.0, who, 0o4) {
                 return reply.error(errno("readdirplus", ino.0, &e));
             }
+            // A directory one may list but not search gives names, not attributes.
+            let searchable = fs.may_enter(ino.0, who, 0o1).is_ok();
             let result = fs.readdirplus(ino.0, offset, &mut |entry, found, next| {
                 let name = OsStr::from_bytes(&entry.name);
-                match found {
+                match found.filter(|_| searchable) {
                     // One lifetime for the name and the attributes here: the shorter.
                     Some(found) => reply.add(
                         INodeNo(found.attr.ino),

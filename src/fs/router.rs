@@ -164,6 +164,20 @@ impl CheckpointFs {
                 }
             }));
         }
+        if config.shared {
+            // The kernel keeps the provisional attributes of a root shown before its
+            // first load (see `Checkpoints::root_entry`) until told otherwise.
+            let kernel = Arc::clone(&kernel);
+            loader.on_loaded(Box::new(move |slot, _| {
+                if let Some(kernel) = kernel.get() {
+                    let root = Inode::Node {
+                        slot: slot.index,
+                        node: 0,
+                    };
+                    kernel.forget_attributes(root.encode());
+                }
+            }));
+        }
         let forker = Arc::new(Forker {
             catalog: Arc::clone(&catalog),
             loader: Arc::clone(&loader),
@@ -250,7 +264,9 @@ impl CheckpointFs {
     /// Runs `then` now, or once the checkpoint `ino` belongs to is loaded (or failed
     /// to load) when `reading` needs its contents and it is not loaded yet. The one
     /// exception to "needs its contents": `stat` of a checkpoint's own directory,
-    /// which the listing answers.
+    /// which the listing answers, but on a shared mount before its root was ever
+    /// known: the kernel asks for it again when the provisional mode denied a user,
+    /// who is then judged by the root's own (see `Checkpoints::root_entry`).
     pub fn prepare(
         self: &Arc<Self>,
         ino: u64,
@@ -258,7 +274,11 @@ impl CheckpointFs {
         then: impl FnOnce(&CheckpointFs) + Send + 'static,
     ) {
         let slot = match Inode::decode(ino) {
-            Some(Inode::Node { node: 0, .. }) if reading == Reading::Getattr => None,
+            Some(Inode::Node { node: 0, slot }) if reading == Reading::Getattr => {
+                self.catalog.slot(slot).filter(|slot| {
+                    self.shared && !self.checkpoints.root_known(slot) && self.loader.must_wait(slot)
+                })
+            }
             Some(Inode::Node { slot, .. }) => self
                 .catalog
                 .slot(slot)

@@ -881,3 +881,83 @@ fn a_private_workspace_stays_private_once_sealed() {
     let out = run(as_nobody().arg("cat").arg(&cfg));
     assert!(!out.status.success(), "another user read it: {out}");
 }
+
+/// Before a checkpoint was ever loaded, a shared mount cannot know whether its own
+/// directory keeps others out, so it shows it as its own user's `0500`: the kernel
+/// lets no one else in on that, not even where it would not ask the daemon (an
+/// inotify watch, whose events would name the entries its owner then opens; a `stat`
+/// from the kernel's cache). Denied, the kernel asks again, the daemon loads the
+/// checkpoint, and everyone is judged by the root's own mode: its owner reads it.
+/// And a root others may search but not list (0711) keeps its names from them once
+/// sealed, while a file they can name stays theirs to read, as on a disk.
+#[test]
+fn a_private_checkpoint_admits_no_one_before_its_load() {
+    use crate::util::users::{as_nobody, as_user};
+    let store = TestStore::local();
+    let work = repo_temp_dir("private-unloaded-");
+    let tree = work.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    fs::write(tree.join("salary.txt"), "42\n").unwrap();
+    fs::set_permissions(tree.join("salary.txt"), fs::Permissions::from_mode(0o640)).unwrap();
+    for path in [tree.join("salary.txt"), tree.clone()] {
+        std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+    }
+    fs::set_permissions(&tree, fs::Permissions::from_mode(0o700)).unwrap();
+    let (sha, _) = store.put(&tree, &[]);
+    let mount = Mount::new(&store)
+        .staging()
+        .reachable_by_all()
+        .args(["--allow-other"])
+        .start();
+    let root = mount.join(&sha);
+    let watch = |who: &mut std::process::Command| {
+        run(who
+            .args([
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+                 fd = libc.inotify_init1(0)\n\
+                 wd = libc.inotify_add_watch(fd, sys.argv[1].encode(), 0xfff)\n\
+                 sys.exit(0 if wd >= 0 else 13 if ctypes.get_errno() == 13 else 1)",
+            ])
+            .arg(&root))
+    };
+    let mode = run(as_nobody().args(["stat", "-c", "%a %u"]).arg(&root));
+    assert_eq!(mode.stdout.trim(), "500 0", "{mode}");
+    let out = watch(&mut as_nobody());
+    assert_eq!(
+        out.status.code(),
+        Some(13),
+        "watched before the load: {out}"
+    );
+    let out = run(as_nobody()
+        .args(["stat", "--cached=always"])
+        .arg(root.join("salary.txt")));
+    assert!(!out.status.success(), "stat before the load: {out}");
+    // Its owner is let in, by the root's own mode.
+    let out = run(as_user(1000).arg("cat").arg(root.join("salary.txt")));
+    assert_eq!(out.stdout, "42\n", "{out}\n{}", mount.log_excerpt());
+    let mode = run(as_nobody().args(["stat", "-c", "%a %u"]).arg(&root));
+    assert_eq!(mode.stdout.trim(), "700 1000", "{mode}");
+    assert_eq!(watch(&mut as_nobody()).status.code(), Some(13));
+    let out = run(as_nobody()
+        .args(["stat", "--cached=always"])
+        .arg(root.join("salary.txt")));
+    assert!(!out.status.success(), "stat after the load: {out}");
+
+    let out = run(as_user(1000)
+        .args([
+            "sh",
+            "-c",
+            "umask 022 && mkdir -m 711 staging/s && echo known > staging/s/named \
+         && mv staging/s commit/s",
+        ])
+        .current_dir(mount.path()));
+    assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
+    let sealed = mount.join(mount.commit_target("s"));
+    let out = run(as_nobody().arg("ls").arg(&sealed));
+    assert!(!out.status.success(), "listed a 0711 checkpoint: {out}");
+    let out = run(as_nobody().arg("cat").arg(sealed.join("named")));
+    assert_eq!(out.stdout, "known\n", "{out}");
+}

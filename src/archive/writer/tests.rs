@@ -114,6 +114,11 @@ fn entries_are_sorted_and_relative() {
     let private = entries(0o700);
     assert_eq!(names(&private[..5]), names(&open));
     assert_eq!(private[5], ("./".to_owned(), 0o700, 0));
+    // So is one others may search but not list: its names are kept from them.
+    for mode in [0o711, 0o751, 0o744] {
+        assert_eq!(entries(mode)[5], ("./".to_owned(), mode, 0), "{mode:o}");
+    }
+    assert_eq!(entries(0o705).len(), 5);
 }
 
 #[test]
