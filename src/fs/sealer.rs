@@ -24,6 +24,7 @@
 //! cache directory) abandons the uploads a killed predecessor left, and deletes its
 //! unfinished archives.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,10 +67,18 @@ pub struct SealerConfig {
     pub members: Option<Arc<MemberCache>>,
 }
 
+/// The seals `commit/` lists at most: the newest of this mount's. Any user of a shared
+/// mount may seal empty workspaces under new names as fast as they like (each seal of
+/// a tree already stored costs the store nothing).
+const COMMIT_NAMES: usize = if cfg!(test) { 3 } else { 10_000 };
+
 #[derive(Default)]
 struct Seals {
-    /// Workspaces sealed by this mount, in order; `commit/` lists them.
-    sealed: Vec<(Vec<u8>, CheckpointId)>,
+    /// The last [`COMMIT_NAMES`] workspaces sealed by this mount, in order; `commit/`
+    /// lists them. The one at `sealed[i]` is `commit/` entry `dropped + i`, so that an
+    /// entry's number (its inode) keeps its meaning as older ones are dropped.
+    sealed: VecDeque<(Vec<u8>, CheckpointId)>,
+    dropped: usize,
     in_progress: Vec<Vec<u8>>,
     /// Recent outcomes, for `.status`.
     outcomes: Vec<String>,
@@ -211,22 +220,28 @@ impl Sealer {
         }
     }
 
-    /// `commit/NAME`'s position, if NAME was sealed by this mount.
+    /// `commit/NAME`'s entry number, if NAME was sealed by this mount (and is among
+    /// the last [`COMMIT_NAMES`]).
     pub fn committed(&self, name: &[u8]) -> Option<usize> {
         let seals = self.seals.lock().expect("seals lock");
-        seals.sealed.iter().position(|(n, _)| n == name)
+        let at = seals.sealed.iter().position(|(n, _)| n == name)?;
+        Some(seals.dropped + at)
     }
 
     /// The checkpoint `commit/` entry `index` links to.
     pub fn sealed(&self, index: usize) -> Option<CheckpointId> {
         let seals = self.seals.lock().expect("seals lock");
-        seals.sealed.get(index).map(|(_, id)| id.clone())
+        let at = index.checked_sub(seals.dropped)?;
+        seals.sealed.get(at).map(|(_, id)| id.clone())
     }
 
-    /// The names in `commit/`, in order.
-    pub fn names(&self) -> Vec<Vec<u8>> {
+    /// The entries of `commit/`, in order: each one's number and name.
+    pub fn names(&self) -> Vec<(usize, Vec<u8>)> {
         let seals = self.seals.lock().expect("seals lock");
-        seals.sealed.iter().map(|(n, _)| n.clone()).collect()
+        let first = seals.dropped;
+        (seals.sealed.iter().enumerate())
+            .map(|(i, (n, _))| (first + i, n.clone()))
+            .collect()
     }
 
     pub fn report(&self) -> SealsReport {
@@ -313,23 +328,36 @@ impl Sealer {
                 copied,
             }) => {
                 seals.succeeded += 1;
-                seals.sealed.push((commit_name.to_vec(), id.clone()));
+                seals.sealed.push_back((commit_name.to_vec(), id.clone()));
+                if seals.sealed.len() > COMMIT_NAMES {
+                    seals.sealed.pop_front();
+                    seals.dropped += 1;
+                }
                 // Over the mount's life: how much the member cache saved.
                 let (reused, compressed, _) =
                     (self.config.members.as_ref()).map_or((0, 0, 0), |m| m.stats.counts());
                 let inflated = (self.config.members.as_ref())
                     .map_or(0, |m| m.stats.inflated.load(Ordering::Relaxed));
-                tracing::info!(
-                    workspace = %shown,
-                    checkpoint = %id,
-                    %how,
-                    members_reused = reused,
-                    members_compressed = compressed,
-                    members_inflated = inflated,
-                    sent = if *how == StoreOutcome::Stored { size - copied } else { 0 },
-                    copied,
-                    "sealed"
-                );
+                // Each seal that stores an object is logged; one of a tree already
+                // stored (which costs the store nothing, so anyone may repeat it at
+                // will) is logged once a while per checkpoint, as refusals are.
+                let logged = *how == StoreOutcome::Stored
+                    || crate::fs::error::first_time(&format!("sealed again as {id}"));
+                if logged {
+                    tracing::info!(
+                        workspace = %shown,
+                        checkpoint = %id,
+                        %how,
+                        members_reused = reused,
+                        members_compressed = compressed,
+                        members_inflated = inflated,
+                        sent = if *how == StoreOutcome::Stored { size - copied } else { 0 },
+                        copied,
+                        "sealed"
+                    );
+                } else {
+                    tracing::debug!(workspace = %shown, checkpoint = %id, %how, "sealed");
+                }
                 format!("{}: sealed as {id} ({how})", status_field(&shown))
             }
             Err(e) => {

@@ -33,6 +33,15 @@ pub const LISTING_TTL: Duration = Duration::from_secs(1);
 /// a seal ends: never cached.
 pub const UNCACHED: Duration = Duration::ZERO;
 
+/// The bytes that the renders kept for open handles of `.status` may take in all: any
+/// user of a shared mount may open it as often as they like, and make it long (each
+/// seal's outcome names its workspace). Past it, opens fail with `EBUSY` until some
+/// are closed.
+const STATUS_HELD: usize = if cfg!(test) { 64 << 10 } else { 16 << 20 };
+
+/// One rendering of `.status`.
+type Render = Arc<Vec<u8>>;
+
 pub struct Views {
     catalog: Arc<Catalog>,
     checkpoints: Arc<Checkpoints>,
@@ -42,7 +51,9 @@ pub struct Views {
     /// The mounting user, who owns the virtual entries.
     owner: (u32, u32),
     mounted_at: SystemTime,
-    texts: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+    /// The render each open handle of `.status` reads, and their bytes in all (at
+    /// most [`STATUS_HELD`]).
+    texts: Mutex<(HashMap<u64, Render>, usize)>,
     next_fh: AtomicU64,
     /// The render of `.status` that reads without a handle get (see the module
     /// comment).
@@ -67,7 +78,7 @@ impl Views {
             status,
             owner,
             mounted_at,
-            texts: Mutex::new(HashMap::new()),
+            texts: Mutex::new((HashMap::new(), 0)),
             next_fh: AtomicU64::new(1),
             rendered: Mutex::new(Arc::new(Vec::new())),
         }
@@ -157,8 +168,9 @@ impl Subtree for Views {
         };
         let ino = ino.ok_or(FsError::NotFound)?;
         let attr = match Inode::decode(ino) {
-            // A checkpoint's own directory: its attributes for no time before it is
-            // loaded (see `Checkpoints::root_entry`).
+            // A checkpoint's own directory: its attributes for no longer than its name
+            // (for no time before it is loaded, but on a shared mount: see
+            // `Checkpoints::root_entry`).
             Some(Inode::Node { .. }) => {
                 let found = self.checkpoints.getattr(ino)?;
                 return Ok(Entry {
@@ -269,7 +281,7 @@ impl Subtree for Views {
             Inode::ByTime => &listing.by_time,
             Inode::Commit => {
                 let mut entries = dot_entries(ino, inode::ROOT).to_vec();
-                for (index, name) in self.sealer.names().into_iter().enumerate() {
+                for (index, name) in self.sealer.names() {
                     entries.push(DirEntry {
                         ino: Inode::CommitLink { index }.encode(),
                         kind: FileKind::Symlink,
@@ -294,7 +306,20 @@ impl Subtree for Views {
         }
         let fh = HANDLE_VIEW_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         let text = Arc::new(self.status_text());
-        self.texts.lock().expect("texts lock").insert(fh, text);
+        let mut texts = self.texts.lock().expect("texts lock");
+        if texts.1 + text.len() > STATUS_HELD {
+            drop(texts);
+            if crate::fs::error::first_time("opens of .status at their bound") {
+                tracing::warn!(
+                    held = STATUS_HELD,
+                    "opens of .status refused: the renders its open handles keep are at their bound"
+                );
+            }
+            return Err(FsError::Busy);
+        }
+        texts.1 += text.len();
+        texts.0.insert(fh, text);
+        drop(texts);
         // Its size is not known in advance: bypass the page cache.
         Ok(Opened {
             fh,
@@ -311,7 +336,7 @@ impl Subtree for Views {
         let text = if fh == NO_HANDLE {
             Some(Arc::clone(&self.rendered.lock().expect("rendered lock")))
         } else {
-            self.texts.lock().expect("texts lock").get(&fh).cloned()
+            self.texts.lock().expect("texts lock").0.get(&fh).cloned()
         };
         let text = text.ok_or(FsError::BadHandle)?;
         let start = (offset as usize).min(text.len());
@@ -320,7 +345,10 @@ impl Subtree for Views {
     }
 
     fn release(&self, fh: u64) {
-        self.texts.lock().expect("texts lock").remove(&fh);
+        let mut texts = self.texts.lock().expect("texts lock");
+        if let Some(text) = texts.0.remove(&fh) {
+            texts.1 -= text.len();
+        }
     }
 
     /// `commit/` only changes through seals; everything else here is read-only.

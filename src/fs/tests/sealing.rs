@@ -110,6 +110,47 @@ fn commit_takes_only_top_level_workspaces_once() {
     assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EEXIST);
 }
 
+/// `commit/` keeps the newest seals only (3 in tests, 10,000 otherwise): anyone may
+/// seal empty workspaces under new names without end. The entries it keeps keep their
+/// numbers, and a name it dropped may be sealed again.
+#[test]
+fn commit_lists_the_newest_seals_only() {
+    let (f, _) = fixture(&[]);
+    let names: [&[u8]; 5] = [b"s0", b"s1", b"s2", b"s3", b"s4"];
+    let mut inos = Vec::new();
+    for name in names {
+        stage(&f.fs, name, b"same tree");
+        seal(&f.fs, name).unwrap();
+        inos.push(f.fs.lookup(inode::COMMIT, name).unwrap().attr.ino);
+    }
+    let mut listed = Vec::new();
+    f.fs.readdir(inode::COMMIT, 0, &mut |entry, _| {
+        listed.push((entry.name.clone(), entry.ino));
+        false
+    })
+    .unwrap();
+    let listed: Vec<_> = listed.into_iter().filter(|(n, _)| n[0] != b'.').collect();
+    let kept: Vec<_> = names[2..]
+        .iter()
+        .map(|n| n.to_vec())
+        .zip(inos[2..].iter().copied())
+        .collect();
+    assert_eq!(listed, kept);
+    for (name, ino) in names.iter().zip(&inos) {
+        let found = f.fs.lookup(inode::COMMIT, name).map(|e| e.attr.ino);
+        match inos[2..].contains(ino) {
+            true => assert_eq!(found.unwrap(), *ino),
+            false => assert_eq!(found.unwrap_err().errno(), libc::ENOENT),
+        }
+    }
+    assert!(
+        f.fs.readlink(inos[0]).is_err(),
+        "a dropped entry still links"
+    );
+    stage(&f.fs, b"s0", b"again");
+    seal(&f.fs, b"s0").unwrap();
+}
+
 #[test]
 fn a_frozen_tree_refuses_every_change_and_an_open_writer_does_not_hold_off_a_seal() {
     let (f, _) = fixture(&[]);

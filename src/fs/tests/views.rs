@@ -173,6 +173,32 @@ fn status_is_read_from_a_snapshot_taken_at_open() {
     );
 }
 
+/// Each open `.status` keeps its render: opens past a bound on their bytes in all
+/// fail with `EBUSY` (any user of a shared mount may open it without end), and
+/// closing one lets the next open in.
+#[test]
+fn open_status_texts_are_bounded() {
+    let (f, _) = fixture(&[&[("a", b"1")]]);
+    let mut opened = Vec::new();
+    let refused = loop {
+        match f.fs.open(inode::STATUS, libc::O_RDONLY) {
+            Ok(handle) => opened.push(handle.fh),
+            Err(e) => break e,
+        }
+        assert!(opened.len() < 100_000, "no bound");
+    };
+    assert_eq!(refused.errno(), libc::EBUSY);
+    assert!(opened.len() > 2, "{}", opened.len());
+    f.fs.release(opened.pop().unwrap());
+    let again = f.fs.open(inode::STATUS, libc::O_RDONLY).unwrap();
+    assert!(
+        !f.fs
+            .read(inode::STATUS, again.fh, 0, 100)
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// Each subtree's listing read one entry per reply, each reply starting at the offset
 /// the one before gave (as the kernel reads a large directory), is its whole listing.
 #[test]
