@@ -11,6 +11,7 @@
 #                  (tar -cf - . | cat), a second grep -r, a second tar -cf, 1,000
 #                  random small files read whole (cat), ls -lR; on the default mount,
 #                  the read-only mount and (BENCH_PASSTHROUGH=1) the passthrough mount
+#                  and (BENCH_SHARED=1) a default mount shared with other users
 #   big file       dd bs=1M of a 1 GiB file, first and second pass, per mount kind
 #   staging/       tar -xf of the tree, a second grep -r, sed -i on 500 files, rm -rf,
 #                  cp -a from a local directory, a 512 MiB sequential write (dd)
@@ -31,6 +32,8 @@
 #   BENCH_RUNS          runs per measurement; the median is reported (default 3)
 #   BENCH_STAGING       corpora whose tree is also worked on in staging/ (default "repo")
 #   BENCH_PASSTHROUGH=1 also measure the mount with --passthrough
+#   BENCH_SHARED=1      also measure the default mount with --allow-other (which checks
+#                       directory opens and private checkpoints' entries in the daemon)
 #   BENCH_FS            "fresh" (default as root) or "here" (the work directory's own disk)
 #   BENCH_DIR, BENCH_KEEP, CKPTFS_BIN   as for the other benchmarks (scripts/lib/bench.sh)
 set -euo pipefail
@@ -41,6 +44,7 @@ source scripts/lib/bench.sh
 BENCH_CORPORA="${BENCH_CORPORA:-repo many big}"
 BENCH_STAGING="${BENCH_STAGING:-repo}"
 BENCH_PASSTHROUGH="${BENCH_PASSTHROUGH:-0}"
+BENCH_SHARED="${BENCH_SHARED:-0}"
 READS=1000
 CKPTFS_GLOBAL=(--max-archive-size 2GiB)
 
@@ -172,12 +176,14 @@ bench_corpus() {
     fi
     modes=(default ro)
     [ "$BENCH_PASSTHROUGH" = 1 ] && modes+=(passthrough)
+    [ "$BENCH_SHARED" = 1 ] && modes+=(shared)
     for run in $(seq 1 "$BENCH_RUNS"); do
         stream_open
         for mode in "${modes[@]}"; do
             MODE_ARGS=()
             [ "$mode" = ro ] && MODE_ARGS=(--read-only)
             [ "$mode" = passthrough ] && MODE_ARGS=(--passthrough)
+            [ "$mode" = shared ] && MODE_ARGS=(--allow-other)
             cold_open "$mode"
             if [ "$CORPUS" = big ]; then
                 big_reads "$mode"
@@ -270,7 +276,8 @@ echo
 echo "### Using a turn, and working in staging/, vs a local directory"
 echo
 echo "Median of $BENCH_RUNS runs, local directory store, release build. Mount kinds:" \
-    "default (the kernel opens files), ro (--read-only), passthrough (--passthrough)." \
+    "default (files opened through the daemon), ro (--read-only: the kernel opens" \
+    "files), passthrough (--passthrough), shared (the default mount with --allow-other)." \
     "Local: the tree extracted (tar -xzf) to the disk that holds the cache, read once" \
     "before; staging/ work against the same work in a directory of that disk."
 echo "Machine: $(machine_line); data on $([ "$BENCH_FS" = fresh ] && echo "a fresh ext4 (loop device, direct I/O: $(cat /sys/block/"$(basename "$DATA_LOOP")"/loop/dio 2>/dev/null || echo "?"))" || echo "the work directory's disk")."
