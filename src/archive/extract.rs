@@ -57,6 +57,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
@@ -91,6 +92,8 @@ struct DirAttrs {
 struct Extractor {
     /// The private directory the tree is made in (see the module comment).
     root: OwnedFd,
+    /// The mode of the archive's own directory (`./`), if it has one.
+    root_mode: Option<u32>,
     /// DEST, for messages.
     dest: std::path::PathBuf,
     /// At the parent of the last entry.
@@ -138,6 +141,14 @@ pub fn extract(
     let mut foreign = false;
     let result = restore_in(&root, tar, limits, dest).and_then(|mut extractor| {
         extractor.move_into(&dest_fd, &mut foreign)?;
+        if created {
+            // Made 0700, it gets the mode of the archive's own directory, which kept
+            // a private tree private (a 0700 workspace), or else the one mkdir(1)
+            // would have given it.
+            let mode = extractor.root_mode.unwrap_or(0o777 & !umask());
+            rfs::fchmod(&dest_fd, Mode::from_raw_mode(mode))
+                .map_err(|e| io_err("chmod")(e.into()))?;
+        }
         Ok(extractor.summary)
     });
     if foreign {
@@ -178,6 +189,7 @@ fn restore_in(
         parents: cursor()?,
         link_targets: cursor()?,
         root: root.try_clone().map_err(open_err())?,
+        root_mode: None,
         dest: dest.to_owned(),
         previous_parent: PreviousPath::default(),
         previous_target: PreviousPath::default(),
@@ -248,7 +260,8 @@ fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
         Err(rustix::io::Errno::NOENT) => {
             // Only DEST itself is made, as mkdir(1) would: a mistyped parent is an
             // error, not a new tree somewhere on the host.
-            match fs::create_dir(dest) {
+            // 0700 until the tree is whole (see `extract`).
+            match fs::DirBuilder::new().mode(0o700).create(dest) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     return Err(refused(
@@ -280,6 +293,17 @@ fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
         }
     }
     Ok((fd, created))
+}
+
+/// The process's umask (from `/proc`, which reads it without changing it).
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+            u32::from_str_radix(line.trim(), 8).ok()
+        })
+        .unwrap_or(0o022)
 }
 
 fn empty_directory(dir: &OwnedFd) -> io::Result<()> {
@@ -326,7 +350,11 @@ impl Extractor {
             reason,
         })?;
         let Some((name, parents)) = parts.split_last() else {
-            // The archive's root (`./`): DEST itself, which keeps its own attributes.
+            // The archive's root (`./`): DEST itself, which keeps its own attributes,
+            // but for its mode when the restore made it (see `extract`).
+            if entry.header().entry_type().is_dir() {
+                self.root_mode = entry.header().mode().ok().map(|mode| mode & 0o777);
+            }
             return Ok(());
         };
         self.summary.entries += 1;

@@ -53,7 +53,7 @@ enum Handle {
         start: u64,
         size: u64,
     },
-    /// A file of its own, opened past [`HELD_FILES`]: read as reads without a handle
+    /// A file of its own, opened past [`held_files`]: read as reads without a handle
     /// are, through a few files kept open for all, so that readers holding many files
     /// open cannot run the daemon out of descriptors. No passthrough.
     Unheld {
@@ -63,8 +63,19 @@ enum Handle {
 }
 
 /// Handles that hold a descriptor of their own at most (each reader's open file of
-/// 16 KiB or more holds one; with `--allow-other`, any user's).
-const HELD_FILES: usize = if cfg!(test) { 2 } else { 16_384 };
+/// 16 KiB or more holds one; with `--allow-other`, any user's): 16,384, or half the
+/// daemon's open file limit if that is lower (a daemon that could not raise it), so
+/// that readers leave descriptors for loads, `staging/` and seals.
+fn held_files() -> usize {
+    static HELD: OnceLock<usize> = OnceLock::new();
+    if cfg!(test) {
+        return 2;
+    }
+    *HELD.get_or_init(|| {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        limit.map_or(16_384, |limit| (limit / 2).min(16_384) as usize)
+    })
+}
 
 pub struct Checkpoints {
     catalog: Arc<Catalog>,
@@ -312,7 +323,10 @@ impl Checkpoints {
         };
         match loaded {
             Some(_) => entry(attr),
-            // Kept until the load, when the daemon drops it from the kernel's cache.
+            // Kept no longer than the name (a second, see `Views`): the kernel then asks
+            // again, and a denied user's `getattr` waits for the load. The kernel is not
+            // told to drop it at the load: that would make it drop the answer to the
+            // `getattr` waiting for it, and judge the user by this one again.
             None if self.owners.shared => entry(attr),
             None => Entry {
                 attr,
@@ -395,11 +409,12 @@ impl Checkpoints {
     }
 }
 
-/// Whether a checkpoint's own directory lets every user list and search it: only
-/// then does the mount show it as `0555` on a shared mount. A root others may search
-/// but not list (a 0711 workspace) keeps its names from them, as on a disk.
+/// Whether a checkpoint's own directory lets its group and every other user list and
+/// search it: only then does the mount show it as `0555` on a shared mount. A root
+/// others may search but not list (a 0711 workspace) keeps its names from them, and
+/// one that shuts its group out (0705) keeps it out, as on a disk.
 pub(crate) fn is_open(root: &Node) -> bool {
-    root.mode & 0o005 == 0o005
+    root.mode & 0o055 == 0o055
 }
 
 impl Checkpoints {
@@ -549,7 +564,7 @@ impl Subtree for Checkpoints {
             return Err(FsError::IsADirectory);
         };
         let (handle, backing) = match location {
-            FileLocation::Own if self.held.fetch_add(1, Ordering::Relaxed) >= HELD_FILES => {
+            FileLocation::Own if self.held.fetch_add(1, Ordering::Relaxed) >= held_files() => {
                 self.held.fetch_sub(1, Ordering::Relaxed);
                 (Handle::Unheld { checkpoint, node }, None)
             }
@@ -686,8 +701,10 @@ mod tests {
         // A mount no other user may use: every entry's own bits.
         assert_eq!(shown_perm(&private, &node(0o644, 2, 1), None, false), 0o644);
         // Only a root every user may list and search is shown as one (`0555`).
-        assert!(is_open(&node(0o755, 1, 1)) && is_open(&node(0o705, 1, 1)));
-        assert!(!is_open(&node(0o711, 1, 1)) && !is_open(&node(0o744, 1, 1)));
+        assert!(is_open(&node(0o755, 1, 1)) && is_open(&node(0o555, 1, 1)));
+        for private in [0o711, 0o744, 0o705, 0o750] {
+            assert!(!is_open(&node(private, 1, 1)), "{private:o}");
+        }
         // Every entry shown as owned by one user: that user is the root's owner too.
         assert_eq!(
             shown_perm(&private, &node(0o644, 2, 2), Some((9, 9)), true),

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -68,7 +68,7 @@ struct Shared {
     queue: Mutex<VecDeque<Arc<Slot>>>,
     queued: Condvar,
     stop: AtomicBool,
-    loaded: Mutex<Vec<LoadedHook>>,
+    loaded: OnceLock<LoadedHook>,
 }
 
 /// Told of each checkpoint loaded; must return at once.
@@ -97,7 +97,7 @@ impl Loader {
             queue: Mutex::new(VecDeque::new()),
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
-            loaded: Mutex::new(Vec::new()),
+            loaded: OnceLock::new(),
         });
         let workers = (0..config.workers.max(1))
             .map(|i| {
@@ -111,10 +111,10 @@ impl Loader {
         Loader { shared, workers }
     }
 
-    /// Calls `hook` with each checkpoint loaded from now on, after the hooks given
-    /// before it.
+    /// Calls `hook` with each checkpoint loaded from now on (once: later calls are
+    /// ignored).
     pub fn on_loaded(&self, hook: LoadedHook) {
-        self.shared.loaded.lock().expect("hooks lock").push(hook);
+        let _ = self.shared.loaded.set(hook);
     }
 
     /// Whether an operation on `slot`'s contents must wait for a load.
@@ -292,7 +292,7 @@ impl Shared {
         let new = match result {
             Ok(checkpoint) => {
                 tracing::info!(checkpoint = %id, elapsed = ?started.elapsed(), "checkpoint verified");
-                for hook in self.loaded.lock().expect("hooks lock").iter() {
+                if let Some(hook) = self.loaded.get() {
                     hook(slot, &checkpoint);
                 }
                 Load::Loaded(checkpoint)

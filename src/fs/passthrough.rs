@@ -95,11 +95,23 @@ pub fn answer(
     if opened.direct_io {
         flags |= FopenFlags::FOPEN_DIRECT_IO;
     }
-    let Some(file) = opened.backing.as_ref().filter(|_| passthrough) else {
+    if !passthrough {
         return reply.served(flags);
-    };
+    }
     let mut table = backing.lock().expect("backing lock");
-    if table.acquire(ino, opened.fh, || reply.register(file)) {
+    // An inode the kernel already reads through a backing file must be opened through
+    // it again, even by a handle without a file of its own (one opened past the bound
+    // on held descriptors): the kernel refuses any other open of it (EIO).
+    let file = match (&opened.backing, table.by_inode.contains_key(&ino)) {
+        (Some(file), _) => Some(file),
+        (None, true) => None,
+        (None, false) => return reply.served(flags),
+    };
+    let register = || match file {
+        Some(file) => reply.register(file),
+        None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+    };
+    if table.acquire(ino, opened.fh, register) {
         // The kernel refuses cache flags with passthrough (EIO): the page cache is
         // the backing file's own anyway.
         return reply.passthrough(table.id(ino));

@@ -164,20 +164,6 @@ impl CheckpointFs {
                 }
             }));
         }
-        if config.shared {
-            // The kernel keeps the provisional attributes of a root shown before its
-            // first load (see `Checkpoints::root_entry`) until told otherwise.
-            let kernel = Arc::clone(&kernel);
-            loader.on_loaded(Box::new(move |slot, _| {
-                if let Some(kernel) = kernel.get() {
-                    let root = Inode::Node {
-                        slot: slot.index,
-                        node: 0,
-                    };
-                    kernel.forget_attributes(root.encode());
-                }
-            }));
-        }
         let forker = Arc::new(Forker {
             catalog: Arc::clone(&catalog),
             loader: Arc::clone(&loader),

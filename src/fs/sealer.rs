@@ -24,7 +24,7 @@
 //! cache directory) abandons the uploads a killed predecessor left, and deletes its
 //! unfinished archives.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -67,24 +67,52 @@ pub struct SealerConfig {
     pub members: Option<Arc<MemberCache>>,
 }
 
-/// The seals `commit/` lists at most: the newest of this mount's. Any user of a shared
-/// mount may seal empty workspaces under new names as fast as they like (each seal of
-/// a tree already stored costs the store nothing).
+/// The seals of each user that `commit/` lists at most: their newest. Any user of a
+/// shared mount may seal empty workspaces under new names as fast as they like (each
+/// seal of a tree already stored costs the store nothing); counted by user, so that
+/// no one pushes another's names out (whose names anyone could then take).
 const COMMIT_NAMES: usize = if cfg!(test) { 3 } else { 10_000 };
+
+/// A workspace sealed by this mount: `commit/NAME`.
+struct Committed {
+    name: Vec<u8>,
+    id: CheckpointId,
+}
 
 #[derive(Default)]
 struct Seals {
-    /// The last [`COMMIT_NAMES`] workspaces sealed by this mount, in order; `commit/`
-    /// lists them. The one at `sealed[i]` is `commit/` entry `dropped + i`, so that an
-    /// entry's number (its inode) keeps its meaning as older ones are dropped.
-    sealed: VecDeque<(Vec<u8>, CheckpointId)>,
-    dropped: usize,
+    /// The workspaces sealed by this mount, by `commit/` entry number (its inode, in
+    /// seal order; numbers are never reused), at most [`COMMIT_NAMES`] per user.
+    sealed: BTreeMap<usize, Committed>,
+    next_entry: usize,
+    /// Each user's entries in `sealed`, oldest first.
+    by_owner: HashMap<u32, VecDeque<usize>>,
     in_progress: Vec<Vec<u8>>,
     /// Recent outcomes, for `.status`.
     outcomes: Vec<String>,
     /// Seals that ended, since the mount started: sealed, and failed.
     succeeded: u64,
     failed: u64,
+}
+
+impl Seals {
+    fn named(&self, name: &[u8]) -> Option<usize> {
+        (self.sealed.iter()).find_map(|(&entry, c)| (c.name == name).then_some(entry))
+    }
+
+    /// Lists `commit/NAME`, dropping `owner`'s oldest entry past their bound.
+    fn commit(&mut self, name: Vec<u8>, id: CheckpointId, owner: u32) {
+        let entry = self.next_entry;
+        self.next_entry += 1;
+        self.sealed.insert(entry, Committed { name, id });
+        let theirs = self.by_owner.entry(owner).or_default();
+        theirs.push_back(entry);
+        if theirs.len() > COMMIT_NAMES
+            && let Some(oldest) = theirs.pop_front()
+        {
+            self.sealed.remove(&oldest);
+        }
+    }
 }
 
 /// What `.status` shows of the seals.
@@ -221,26 +249,23 @@ impl Sealer {
     }
 
     /// `commit/NAME`'s entry number, if NAME was sealed by this mount (and is among
-    /// the last [`COMMIT_NAMES`]).
+    /// its sealer's last [`COMMIT_NAMES`]).
     pub fn committed(&self, name: &[u8]) -> Option<usize> {
         let seals = self.seals.lock().expect("seals lock");
-        let at = seals.sealed.iter().position(|(n, _)| n == name)?;
-        Some(seals.dropped + at)
+        seals.named(name)
     }
 
     /// The checkpoint `commit/` entry `index` links to.
     pub fn sealed(&self, index: usize) -> Option<CheckpointId> {
         let seals = self.seals.lock().expect("seals lock");
-        let at = index.checked_sub(seals.dropped)?;
-        seals.sealed.get(at).map(|(_, id)| id.clone())
+        seals.sealed.get(&index).map(|c| c.id.clone())
     }
 
     /// The entries of `commit/`, in order: each one's number and name.
     pub fn names(&self) -> Vec<(usize, Vec<u8>)> {
         let seals = self.seals.lock().expect("seals lock");
-        let first = seals.dropped;
-        (seals.sealed.iter().enumerate())
-            .map(|(i, (n, _))| (first + i, n.clone()))
+        (seals.sealed.iter())
+            .map(|(&entry, c)| (entry, c.name.clone()))
             .collect()
     }
 
@@ -275,9 +300,10 @@ impl Sealer {
         if flags & libc::RENAME_EXCHANGE != 0 {
             return done(Err(FsError::InvalidArgument));
         }
-        if let Err(e) = self.staging.check_sealable(name) {
-            return done(Err(e));
-        }
+        let owner = match self.staging.check_sealable(name) {
+            Ok(owner) => owner,
+            Err(e) => return done(Err(e)),
+        };
         let committed = commit_name.to_vec();
         let done: SealDone = Box::new(move |result| {
             let sealed = result.is_ok();
@@ -287,16 +313,16 @@ impl Sealer {
                 kernel.forget_entry(inode::COMMIT, &committed);
             }
         });
-        self.seal(name.to_vec(), commit_name.to_vec(), done);
+        self.seal(name.to_vec(), commit_name.to_vec(), owner, done);
     }
 
-    /// Seals `staging/name` as the checkpoint `commit/commit_name` links to; `done`
-    /// gets the outcome.
-    pub fn seal(self: &Arc<Self>, name: Vec<u8>, commit_name: Vec<u8>, done: SealDone) {
+    /// Seals `staging/name`, a workspace of user `owner`, as the checkpoint
+    /// `commit/commit_name` links to; `done` gets the outcome.
+    pub fn seal(self: &Arc<Self>, name: Vec<u8>, commit_name: Vec<u8>, owner: u32, done: SealDone) {
         {
             let mut seals = self.seals.lock().expect("seals lock");
-            let taken = seals.sealed.iter().any(|(n, _)| n == &commit_name)
-                || seals.in_progress.contains(&commit_name);
+            let taken =
+                seals.named(&commit_name).is_some() || seals.in_progress.contains(&commit_name);
             if taken {
                 drop(seals);
                 return done(Err(FsError::Exists));
@@ -308,13 +334,13 @@ impl Sealer {
             .name("ckptfs-seal".into())
             .spawn(move || {
                 let result = sealer.seal_now(&name);
-                sealer.finished(&commit_name, &result);
+                sealer.finished(&commit_name, owner, &result);
                 done(result.map(drop));
             })
             .expect("spawning a seal thread");
     }
 
-    fn finished(&self, commit_name: &[u8], result: &Result<PutReport, FsError>) {
+    fn finished(&self, commit_name: &[u8], owner: u32, result: &Result<PutReport, FsError>) {
         // The name is the writer's: shown escaped, so that it cannot forge a line of
         // `.status` or of the log.
         let shown = crate::printable::escape(commit_name);
@@ -328,11 +354,7 @@ impl Sealer {
                 copied,
             }) => {
                 seals.succeeded += 1;
-                seals.sealed.push_back((commit_name.to_vec(), id.clone()));
-                if seals.sealed.len() > COMMIT_NAMES {
-                    seals.sealed.pop_front();
-                    seals.dropped += 1;
-                }
+                seals.commit(commit_name.to_vec(), id.clone(), owner);
                 // Over the mount's life: how much the member cache saved.
                 let (reused, compressed, _) =
                     (self.config.members.as_ref()).map_or((0, 0, 0), |m| m.stats.counts());

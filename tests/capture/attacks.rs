@@ -887,29 +887,51 @@ fn a_private_workspace_stays_private_once_sealed() {
 /// lets no one else in on that, not even where it would not ask the daemon (an
 /// inotify watch, whose events would name the entries its owner then opens; a `stat`
 /// from the kernel's cache). Denied, the kernel asks again, the daemon loads the
-/// checkpoint, and everyone is judged by the root's own mode: its owner reads it.
-/// And a root others may search but not list (0711) keeps its names from them once
-/// sealed, while a file they can name stays theirs to read, as on a disk.
+/// checkpoint, and everyone is judged by the root's own mode: its owner reads it at
+/// the first try, and so does anyone a public checkpoint. A root others may search
+/// but not list (0711) keeps its names from them once sealed and once forked, while a
+/// file they can name stays theirs to read, as on a disk; and no one forks into
+/// another user's workspace.
 #[test]
 fn a_private_checkpoint_admits_no_one_before_its_load() {
     use crate::util::users::{as_nobody, as_user};
     let store = TestStore::local();
     let work = repo_temp_dir("private-unloaded-");
-    let tree = work.path().join("tree");
-    fs::create_dir(&tree).unwrap();
-    fs::write(tree.join("salary.txt"), "42\n").unwrap();
-    fs::set_permissions(tree.join("salary.txt"), fs::Permissions::from_mode(0o640)).unwrap();
-    for path in [tree.join("salary.txt"), tree.clone()] {
-        std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
-    }
-    fs::set_permissions(&tree, fs::Permissions::from_mode(0o700)).unwrap();
-    let (sha, _) = store.put(&tree, &[]);
+    let tree = |name: &str, owner: u32, mode: u32, file_mode: u32| {
+        let tree = work.path().join(name);
+        fs::create_dir(&tree).unwrap();
+        fs::write(tree.join("salary.txt"), format!("{name}\n")).unwrap();
+        fs::set_permissions(
+            tree.join("salary.txt"),
+            fs::Permissions::from_mode(file_mode),
+        )
+        .unwrap();
+        for path in [tree.join("salary.txt"), tree.clone()] {
+            std::os::unix::fs::chown(&path, Some(owner), Some(owner)).unwrap();
+        }
+        fs::set_permissions(&tree, fs::Permissions::from_mode(mode)).unwrap();
+        store.put(&tree, &[]).0
+    };
+    let probed = tree("a", 1000, 0o700, 0o640);
+    let first = tree("b", 1000, 0o700, 0o640);
+    let public = tree("c", 0, 0o755, 0o644);
     let mount = Mount::new(&store)
         .staging()
         .reachable_by_all()
         .args(["--allow-other"])
         .start();
-    let root = mount.join(&sha);
+    // The first access of all to a checkpoint, by its owner, and to a public one by
+    // anyone: at the first try.
+    let out = run(as_user(1000)
+        .arg("cat")
+        .arg(mount.join(&first).join("salary.txt")));
+    assert_eq!(out.stdout, "b\n", "{out}\n{}", mount.log_excerpt());
+    let out = run(as_nobody()
+        .arg("cat")
+        .arg(mount.join(&public).join("salary.txt")));
+    assert_eq!(out.stdout, "c\n", "{out}\n{}", mount.log_excerpt());
+
+    let root = mount.join(&probed);
     let watch = |who: &mut std::process::Command| {
         run(who
             .args([
@@ -935,9 +957,8 @@ fn a_private_checkpoint_admits_no_one_before_its_load() {
         .args(["stat", "--cached=always"])
         .arg(root.join("salary.txt")));
     assert!(!out.status.success(), "stat before the load: {out}");
-    // Its owner is let in, by the root's own mode.
     let out = run(as_user(1000).arg("cat").arg(root.join("salary.txt")));
-    assert_eq!(out.stdout, "42\n", "{out}\n{}", mount.log_excerpt());
+    assert_eq!(out.stdout, "a\n", "{out}\n{}", mount.log_excerpt());
     let mode = run(as_nobody().args(["stat", "-c", "%a %u"]).arg(&root));
     assert_eq!(mode.stdout.trim(), "700 1000", "{mode}");
     assert_eq!(watch(&mut as_nobody()).status.code(), Some(13));
@@ -946,18 +967,58 @@ fn a_private_checkpoint_admits_no_one_before_its_load() {
         .arg(root.join("salary.txt")));
     assert!(!out.status.success(), "stat after the load: {out}");
 
-    let out = run(as_user(1000)
-        .args([
-            "sh",
-            "-c",
-            "umask 022 && mkdir -m 711 staging/s && echo known > staging/s/named \
+    let as_1000 = |script: &str| {
+        run(as_user(1000)
+            .args(["sh", "-c", script])
+            .current_dir(mount.path()))
+    };
+    let out = as_1000(
+        "umask 022 && mkdir -m 711 staging/s && echo known > staging/s/named \
          && mv staging/s commit/s",
-        ])
-        .current_dir(mount.path()));
+    );
     assert!(out.status.success(), "{out}\n{}", mount.log_excerpt());
-    let sealed = mount.join(mount.commit_target("s"));
+    let sha = mount.commit_target("s");
+    let sealed = mount.join(&sha);
     let out = run(as_nobody().arg("ls").arg(&sealed));
     assert!(!out.status.success(), "listed a 0711 checkpoint: {out}");
     let out = run(as_nobody().arg("cat").arg(sealed.join("named")));
     assert_eq!(out.stdout, "known\n", "{out}");
+    // Forked by its owner, the workspace is as closed.
+    let fork = run(as_user(1000)
+        .arg(crate::util::users::shared_binary())
+        .arg("fork")
+        .arg(mount.path())
+        .arg(&sha)
+        .arg("f"));
+    assert!(fork.status.success(), "{fork}\n{}", mount.log_excerpt());
+    assert_eq!(
+        fs::metadata(mount.staged("f")).unwrap().mode() & 0o7777,
+        0o711
+    );
+    let out = run(as_nobody().arg("ls").arg(mount.staged("f")));
+    assert!(
+        !out.status.success(),
+        "listed a fork of a 0711 checkpoint: {out}"
+    );
+    // Another user's workspace open to all is not nobody's to fork into.
+    assert!(as_1000("mkdir -m 777 staging/open").status.success());
+    let out = run(as_nobody()
+        .args([
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import errno, os, sys\ntry:\n    os.setxattr(sys.argv[1], 'user.ckptfs.fork', sys.argv[2].encode())\n\
+             except PermissionError:\n    sys.exit(13)",
+        ])
+        .arg(mount.staged("open"))
+        .arg(&public));
+    assert_eq!(
+        out.status.code(),
+        Some(13),
+        "forked into another's workspace: {out}"
+    );
+    assert_eq!(
+        fs::metadata(mount.staged("open")).unwrap().mode() & 0o7777,
+        0o777
+    );
 }

@@ -516,3 +516,51 @@ pub(super) fn a_large_file_of_an_earlier_checkpoint_is_linked_unwritten(store: &
         );
     }
 }
+
+/// Past the bound on descriptors readers' handles hold (16,384), a file of its own is
+/// opened without one; when the kernel already reads that file through a passthrough
+/// backing file (someone has it open), such an open must reuse it, or the kernel
+/// refuses it (EIO): one user holding the bound open would otherwise make every file
+/// they opened once unreadable to everyone, root included.
+#[test]
+fn files_opened_past_the_bound_on_held_descriptors_still_read() {
+    const OPENS: u64 = 16_384 + 64;
+    let store = TestStore::local();
+    let work = repo_temp_dir("held-");
+    let src = work.path().join("src");
+    write_file(&src.join("big.bin"), &random_bytes(64 << 10, 7), 0o644);
+    let (sha, _) = store.put(&src, &[]);
+    // This process needs as many descriptors (root may raise its own limit).
+    let wanted = OPENS + 1024;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the local struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted;
+            limit.rlim_max = limit.rlim_max.max(wanted);
+            assert_eq!(
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit),
+                0,
+                "cannot raise the open file limit to {wanted}"
+            );
+        }
+    }
+    let mount = Mount::new(&store).start();
+    let path = mount.join(&sha).join("big.bin");
+    let held: Vec<fs::File> = (0..OPENS).map(|_| fs::File::open(&path).unwrap()).collect();
+    let out = std::process::Command::new("cat")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout == random_bytes(64 << 10, 7),
+        "read past the bound: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        mount.log_excerpt()
+    );
+    drop(held);
+}

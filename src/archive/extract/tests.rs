@@ -1,5 +1,5 @@
 use super::*;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 enum Member<'a> {
     Dir(&'a str),
@@ -402,4 +402,39 @@ fn a_directory_moved_into_dest_is_closed_until_every_name_is_in() {
     let dest = tmp.path().join("dest2");
     extract(&archive[..], &dest, Limits::DEFAULT).unwrap();
     assert_eq!(fs::metadata(dest.join("a")).unwrap().mode() & 0o7777, 0o777);
+}
+
+/// A DEST the restore makes is 0700 while the tree is made, then gets the mode of
+/// the archive's own directory (`./`, which ckptfs writes for a private root) or, for
+/// an archive without one, what mkdir(1) gives; a DEST that existed keeps its own.
+#[test]
+fn a_dest_made_by_the_restore_takes_the_archives_private_root_mode() {
+    let private = {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, kind, mode) in [
+            ("secret", EntryType::Regular, 0o644),
+            ("./", EntryType::Directory, 0o700),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(mode);
+            header.set_entry_type(kind);
+            header.set_size(0);
+            builder.append_data(&mut header, path, &b""[..]).unwrap();
+        }
+        builder.into_inner().unwrap()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o7777;
+    let made = tmp.path().join("made");
+    extract(&private[..], &made, Limits::DEFAULT).unwrap();
+    assert_eq!(mode(&made), 0o700);
+    assert!(made.join("secret").exists());
+    let existing = tmp.path().join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o751)).unwrap();
+    extract(&private[..], &existing, Limits::DEFAULT).unwrap();
+    assert_eq!(mode(&existing), 0o751);
+    let open = tmp.path().join("open");
+    restore(&[File("f", "x")], &open).unwrap();
+    assert_eq!(mode(&open), 0o777 & !umask());
 }

@@ -115,10 +115,11 @@ fn entries_are_sorted_and_relative() {
     assert_eq!(names(&private[..5]), names(&open));
     assert_eq!(private[5], ("./".to_owned(), 0o700, 0));
     // So is one others may search but not list: its names are kept from them.
-    for mode in [0o711, 0o751, 0o744] {
+    // And one that keeps its group out.
+    for mode in [0o711, 0o751, 0o744, 0o705] {
         assert_eq!(entries(mode)[5], ("./".to_owned(), mode, 0), "{mode:o}");
     }
-    assert_eq!(entries(0o705).len(), 5);
+    assert_eq!(entries(0o555).len(), 5);
 }
 
 #[test]

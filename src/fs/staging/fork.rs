@@ -116,6 +116,19 @@ impl StagingTree {
             may_copy_all(&checkpoint.index, caller, shown, shared)?;
         }
         let workspace = self.empty_workspace(ino)?;
+        // Only into a workspace of the caller's own: a fork gives the workspace the
+        // checkpoint's root mode, which only its owner may choose (another user may
+        // set the attribute on a workspace whose mode lets them write it).
+        let owner = rfs::fstat(&workspace).map_err(os)?.st_uid;
+        if self.can_chown && caller.uid != 0 && owner != caller.uid {
+            crate::fs::forker::log_refusal(
+                "fork refused: the workspace is another user's",
+                &format!("uid {}", caller.uid),
+            );
+            return Err(FsError::NotPermitted(
+                "a fork fills a workspace of its caller's own",
+            ));
+        }
         let root = checkpoint.index.node(0).ok_or(FsError::NotADirectory)?;
         let NodeKind::Dir { children } = &root.kind else {
             return Err(FsError::NotADirectory);
@@ -144,7 +157,7 @@ impl StagingTree {
             }
             // A checkpoint kept private by its own directory stays so: the workspace
             // gets that directory's mode (see `crate::fs::checkpoints::shown_perm`).
-            if root.mode & 0o001 == 0 {
+            if !crate::fs::checkpoints::is_open(root) {
                 rfs::fchmod(&workspace, Mode::from_raw_mode(root.mode & 0o1777)).map_err(os)?;
             }
             Ok((entries, bytes))

@@ -460,8 +460,9 @@ impl StagingTree {
 
     /// Refuses, before a seal starts, a name of `staging/` that is not a directory:
     /// only workspaces can be sealed. The seal itself opens the directory again (no
-    /// symlink followed), so a swap after this check only fails the seal.
-    pub fn check_sealable(&self, name: &[u8]) -> Result<(), FsError> {
+    /// symlink followed), so a swap after this check only fails the seal. Returns the
+    /// workspace's owner, who seals it (only they may move it, `staging/` being sticky).
+    pub fn check_sealable(&self, name: &[u8]) -> Result<u32, FsError> {
         if self.not_graveyard(inode::STAGING, name).is_err() {
             return Err(FsError::NotFound);
         }
@@ -474,7 +475,7 @@ impl StagingTree {
         if rfs::FileType::from_raw_mode(stat.st_mode) != rfs::FileType::Directory {
             return Err(FsError::CommitOnly(NOT_SEALABLE));
         }
-        Ok(())
+        Ok(stat.st_uid)
     }
 }
 

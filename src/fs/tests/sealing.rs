@@ -110,12 +110,24 @@ fn commit_takes_only_top_level_workspaces_once() {
     assert_eq!(seal(&f.fs, b"ws").unwrap_err().errno(), libc::EEXIST);
 }
 
-/// `commit/` keeps the newest seals only (3 in tests, 10,000 otherwise): anyone may
-/// seal empty workspaces under new names without end. The entries it keeps keep their
-/// numbers, and a name it dropped may be sealed again.
+/// `commit/` keeps each user's newest seals only (3 in tests, 10,000 otherwise):
+/// anyone may seal empty workspaces under new names without end, but cannot push
+/// another user's names out (to take them). The entries it keeps keep their numbers,
+/// and a name it dropped may be sealed again.
 #[test]
 fn commit_lists_the_newest_seals_only() {
     let (f, _) = fixture(&[]);
+    // Another user's seal, first (where the daemon can give workspaces away).
+    let other = rustix::process::geteuid().is_root();
+    if other {
+        let caller = Caller {
+            uid: 1000,
+            gid: 1000,
+        };
+        f.fs.mkdir(inode::STAGING, b"theirs", 0o755, caller)
+            .unwrap();
+        seal(&f.fs, b"theirs").unwrap();
+    }
     let names: [&[u8]; 5] = [b"s0", b"s1", b"s2", b"s3", b"s4"];
     let mut inos = Vec::new();
     for name in names {
@@ -129,7 +141,11 @@ fn commit_lists_the_newest_seals_only() {
         false
     })
     .unwrap();
-    let listed: Vec<_> = listed.into_iter().filter(|(n, _)| n[0] != b'.').collect();
+    let mut listed: Vec<_> = listed.into_iter().filter(|(n, _)| n[0] != b'.').collect();
+    if other {
+        assert_eq!(listed.remove(0).0, b"theirs");
+        assert!(f.fs.lookup(inode::COMMIT, b"theirs").is_ok());
+    }
     let kept: Vec<_> = names[2..]
         .iter()
         .map(|n| n.to_vec())
