@@ -92,8 +92,8 @@ struct DirAttrs {
 struct Extractor {
     /// The private directory the tree is made in (see the module comment).
     root: OwnedFd,
-    /// The mode of the archive's own directory (`./`), if it has one.
-    root_mode: Option<u32>,
+    /// The mode and owner of the archive's own directory (`./`), if it has one.
+    root_mode: Option<(u32, Option<(u64, u64)>)>,
     /// DEST, for messages.
     dest: std::path::PathBuf,
     /// At the parent of the last entry.
@@ -143,9 +143,22 @@ pub fn extract(
         extractor.move_into(&dest_fd, &mut foreign)?;
         if created {
             // Made 0700, it gets the mode of the archive's own directory, which kept
-            // a private tree private (a 0700 workspace), or else the one mkdir(1)
-            // would have given it.
-            let mode = extractor.root_mode.unwrap_or(0o777 & !umask());
+            // a private tree private (a 0700 workspace), and for root its owner, as
+            // the entries in it get theirs; or else the mode mkdir(1) would give.
+            let mode = match extractor.root_mode {
+                Some((mode, owner)) => {
+                    if let (true, Some((uid, gid))) = (extractor.as_root, owner) {
+                        let (uid, gid) = (
+                            rustix::process::Uid::from_raw(uid as u32),
+                            rustix::process::Gid::from_raw(gid as u32),
+                        );
+                        rfs::fchown(&dest_fd, Some(uid), Some(gid))
+                            .map_err(|e| io_err("chown")(e.into()))?;
+                    }
+                    mode
+                }
+                None => 0o777 & !umask(),
+            };
             rfs::fchmod(&dest_fd, Mode::from_raw_mode(mode))
                 .map_err(|e| io_err("chmod")(e.into()))?;
         }
@@ -353,7 +366,12 @@ impl Extractor {
             // The archive's root (`./`): DEST itself, which keeps its own attributes,
             // but for its mode when the restore made it (see `extract`).
             if entry.header().entry_type().is_dir() {
-                self.root_mode = entry.header().mode().ok().map(|mode| mode & 0o777);
+                let header = entry.header();
+                if let Ok(mode) = header.mode() {
+                    // Never writable by others through a DEST of ckptfs's making.
+                    let owner = header.uid().ok().zip(header.gid().ok());
+                    self.root_mode = Some((mode & 0o755, owner));
+                }
             }
             return Ok(());
         };

@@ -418,6 +418,22 @@ pub(crate) fn is_open(root: &Node) -> bool {
 }
 
 impl Checkpoints {
+    /// Why checkpoint directory `ino` failed to load, if it did, on a shared mount
+    /// where its root was never known: the kernel asks for its attributes when its
+    /// provisional `0500` denied a user, and the answer must be the failure, or the
+    /// user would read "permission denied" for a checkpoint that did not verify.
+    pub fn root_failure(&self, ino: u64) -> Option<FsError> {
+        let Some(Inode::Node { slot, node: 0 }) = Inode::decode(ino) else {
+            return None;
+        };
+        let slot = self.slot(slot).ok()?;
+        let failed = matches!(*slot.load.lock().expect("slot lock"), Load::Failed { .. });
+        if !failed || !self.owners.shared || self.root_of(&slot).is_some() {
+            return None;
+        }
+        self.loader.checkpoint(&slot).err()
+    }
+
     /// Whether the root of the checkpoint in `slot` was known once since the mount
     /// started (loaded now or before).
     pub fn root_known(&self, slot: &Slot) -> bool {

@@ -306,7 +306,12 @@ impl CheckpointFs {
         }
     }
 
+    /// The attributes of `ino`, asked by the kernel (see
+    /// [`Checkpoints::root_failure`]).
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        if let Some(failure) = self.checkpoints.root_failure(ino) {
+            return Err(failure);
+        }
         self.of_inode(ino).getattr(ino)
     }
 

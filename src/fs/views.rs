@@ -35,9 +35,15 @@ pub const UNCACHED: Duration = Duration::ZERO;
 
 /// The bytes that the renders kept for open handles of `.status` may take in all: any
 /// user of a shared mount may open it as often as they like, and make it long (each
-/// seal's outcome names its workspace). Past it, opens fail with `EBUSY` until some
-/// are closed.
+/// seal's outcome names its workspace). Past it, an open reads the one render shared
+/// by reads without a handle ([`SHARED_RENDER`]), which the next open or lookup of
+/// `.status` replaces: no one is refused, and only a reader that has not finished
+/// when another opens it may read the rest from a newer render.
 const STATUS_HELD: usize = if cfg!(test) { 64 << 10 } else { 16 << 20 };
+
+/// The handle of an open of `.status` past [`STATUS_HELD`] (never given otherwise:
+/// numbers start at 1).
+const SHARED_RENDER: u64 = HANDLE_VIEW_BIT;
 
 /// One rendering of `.status`.
 type Render = Arc<Vec<u8>>;
@@ -307,19 +313,21 @@ impl Subtree for Views {
         let fh = HANDLE_VIEW_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
         let text = Arc::new(self.status_text());
         let mut texts = self.texts.lock().expect("texts lock");
-        if texts.1 + text.len() > STATUS_HELD {
+        let fh = if texts.1 + text.len() > STATUS_HELD {
             drop(texts);
             if crate::fs::error::first_time("opens of .status at their bound") {
                 tracing::warn!(
                     held = STATUS_HELD,
-                    "opens of .status refused: the renders its open handles keep are at their bound"
+                    "the renders kept for open handles of .status are at their bound; further opens share one"
                 );
             }
-            return Err(FsError::Busy);
-        }
-        texts.1 += text.len();
-        texts.0.insert(fh, text);
-        drop(texts);
+            *self.rendered.lock().expect("rendered lock") = text;
+            SHARED_RENDER
+        } else {
+            texts.1 += text.len();
+            texts.0.insert(fh, text);
+            fh
+        };
         // Its size is not known in advance: bypass the page cache.
         Ok(Opened {
             fh,
@@ -333,7 +341,7 @@ impl Subtree for Views {
         if Inode::decode(ino) != Some(Inode::Status) {
             return Err(FsError::IsADirectory);
         }
-        let text = if fh == NO_HANDLE {
+        let text = if fh == NO_HANDLE || fh == SHARED_RENDER {
             Some(Arc::clone(&self.rendered.lock().expect("rendered lock")))
         } else {
             self.texts.lock().expect("texts lock").0.get(&fh).cloned()

@@ -915,6 +915,11 @@ fn a_private_checkpoint_admits_no_one_before_its_load() {
     let probed = tree("a", 1000, 0o700, 0o640);
     let first = tree("b", 1000, 0o700, 0o640);
     let public = tree("c", 0, 0o755, 0o644);
+    let broken = tree("d", 0, 0o755, 0o644);
+    let mut bytes = store.object_bytes(&broken).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last / 2] ^= 0xff;
+    store.write_object_bytes(&broken, &bytes, Some((&broken, bytes.len() as u64)));
     let mount = Mount::new(&store)
         .staging()
         .reachable_by_all()
@@ -930,6 +935,11 @@ fn a_private_checkpoint_admits_no_one_before_its_load() {
         .arg("cat")
         .arg(mount.join(&public).join("salary.txt")));
     assert_eq!(out.stdout, "c\n", "{out}\n{}", mount.log_excerpt());
+    // A checkpoint that does not verify says so, to everyone.
+    for _ in 0..2 {
+        let out = run(as_nobody().arg("ls").arg(mount.join(&broken)));
+        assert!(out.stderr.contains("Input/output error"), "{out}");
+    }
 
     let root = mount.join(&probed);
     let watch = |who: &mut std::process::Command| {

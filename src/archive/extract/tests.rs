@@ -417,6 +417,8 @@ fn a_dest_made_by_the_restore_takes_the_archives_private_root_mode() {
         ] {
             let mut header = tar::Header::new_gnu();
             header.set_mode(mode);
+            header.set_uid(1000);
+            header.set_gid(1000);
             header.set_entry_type(kind);
             header.set_size(0);
             builder.append_data(&mut header, path, &b""[..]).unwrap();
@@ -429,6 +431,10 @@ fn a_dest_made_by_the_restore_takes_the_archives_private_root_mode() {
     extract(&private[..], &made, Limits::DEFAULT).unwrap();
     assert_eq!(mode(&made), 0o700);
     assert!(made.join("secret").exists());
+    if rustix::process::geteuid().is_root() {
+        // Root restores the owner too, so that the owner reaches their tree.
+        assert_eq!(std::fs::metadata(&made).unwrap().uid(), 1000);
+    }
     let existing = tmp.path().join("existing");
     std::fs::create_dir(&existing).unwrap();
     std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o751)).unwrap();
@@ -437,4 +443,16 @@ fn a_dest_made_by_the_restore_takes_the_archives_private_root_mode() {
     let open = tmp.path().join("open");
     restore(&[File("f", "x")], &open).unwrap();
     assert_eq!(mode(&open), 0o777 & !umask());
+    // A root open for writing to all is not made so.
+    let hostile = tar(&[Dir("./"), File("f", "x")]);
+    let mut hostile = hostile;
+    // `tar` above writes every mode as 0755: make the root's 0773.
+    let mut header = tar::Header::from_byte_slice(&hostile[..512]).clone();
+    assert_eq!(header.path_bytes().as_ref(), b"./");
+    header.set_mode(0o773);
+    header.set_cksum();
+    hostile[..512].copy_from_slice(header.as_bytes());
+    let writable = tmp.path().join("writable");
+    extract(&hostile[..], &writable, Limits::DEFAULT).unwrap();
+    assert_eq!(mode(&writable), 0o751);
 }
