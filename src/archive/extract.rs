@@ -53,11 +53,10 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags, Timespec, Timestamps};
@@ -124,11 +123,13 @@ pub fn extract(
     dest: &Path,
     limits: Limits,
 ) -> Result<ExtractSummary, ArchiveError> {
-    let (dest_fd, created) = open_destination(dest)?;
+    let (dest_fd, made) = open_destination(dest)?;
+    let created = made.is_some();
     let io_err = |what: &str| ArchiveError::io(format!("{what} destination {}", dest.display()));
+    // Through the parent it was made in: the path may lead elsewhere by now.
     let remove_dest = || {
-        if created {
-            let _ = fs::remove_dir(dest);
+        if let Some((parent, name)) = &made {
+            let _ = rfs::unlinkat(parent, name.as_os_str(), AtFlags::REMOVEDIR);
         }
     };
     let (root, private) = match make_private_dir(&dest_fd) {
@@ -250,12 +251,18 @@ fn make_private_dir(dest: &OwnedFd) -> io::Result<(OwnedFd, std::ffi::OsString)>
     }
 }
 
-/// Opens DEST, an empty directory, making it if it does not exist; returns it and
-/// whether it was made. DEST is opened without following a link and checked for
-/// emptiness through that descriptor, which every later step uses: a name swapped
-/// between a check by path and an open by path once let a restore (and the clean-up
-/// of a failed one) act on another directory.
-fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
+/// DEST's parent directory and DEST's name in it, when the restore made DEST.
+type Made = Option<(OwnedFd, std::ffi::OsString)>;
+
+/// Opens DEST, an empty directory, making it if it does not exist; returns it and,
+/// if it was made, its parent and name. DEST is opened without following a link and
+/// checked for emptiness through that descriptor, which every later step uses: a name
+/// swapped between a check by path and an open by path once let a restore (and the
+/// clean-up of a failed one) act on another directory. A DEST it makes is made and
+/// opened through one descriptor of its parent, so that the directory given DEST's
+/// mode and owner at the end (see `extract`) is the one it made, whatever a writer of
+/// a directory above does to the path meanwhile.
+fn open_destination(dest: &Path) -> Result<(OwnedFd, Made), ArchiveError> {
     let open = || {
         rfs::open(
             dest,
@@ -268,28 +275,43 @@ fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
         reason: reason.into(),
     };
     let io_error = |what: &str| ArchiveError::io(format!("{what} destination {}", dest.display()));
-    let (fd, created) = match open() {
-        Ok(fd) => (fd, false),
+    let (fd, made) = match open() {
+        Ok(fd) => (fd, None),
         Err(rustix::io::Errno::NOENT) => {
             // Only DEST itself is made, as mkdir(1) would: a mistyped parent is an
             // error, not a new tree somewhere on the host.
+            let no_parent =
+                || refused("cannot be made: its parent directory does not exist (create it first)");
+            let name = dest.file_name().ok_or_else(no_parent)?.to_owned();
+            let parent = match dest.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            let parent = rfs::open(
+                parent,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| match e {
+                rustix::io::Errno::NOENT => no_parent(),
+                e => io_error("open the parent of")(e.into()),
+            })?;
             // 0700 until the tree is whole (see `extract`).
-            match fs::DirBuilder::new().mode(0o700).create(dest) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(refused(
-                        "cannot be made: its parent directory does not exist (create it first)",
-                    ));
-                }
-                Err(e) => return Err(io_error("create")(e)),
-            }
-            let fd = open().map_err(|e| match e {
+            rfs::mkdirat(&parent, name.as_os_str(), Mode::from_raw_mode(0o700))
+                .map_err(|e| io_error("create")(e.into()))?;
+            let fd = rfs::openat(
+                &parent,
+                name.as_os_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| match e {
                 rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
                     refused("was replaced by something else while it was made")
                 }
                 e => io_error("open")(e.into()),
             })?;
-            (fd, true)
+            (fd, Some((parent, name)))
         }
         Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
             return Err(refused("exists and is not a directory (or is a symlink)"));
@@ -305,7 +327,7 @@ fn open_destination(dest: &Path) -> Result<(OwnedFd, bool), ArchiveError> {
             ));
         }
     }
-    Ok((fd, created))
+    Ok((fd, made))
 }
 
 /// The process's umask (from `/proc`, which reads it without changing it).

@@ -1,4 +1,5 @@
 use super::*;
+use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 enum Member<'a> {
