@@ -92,7 +92,7 @@ struct Extractor {
     /// The private directory the tree is made in (see the module comment).
     root: OwnedFd,
     /// The mode and owner of the archive's own directory (`./`), if it has one.
-    root_mode: Option<(u32, Option<(u64, u64)>)>,
+    root_mode: Option<(u32, EntryMeta)>,
     /// DEST, for messages.
     dest: std::path::PathBuf,
     /// At the parent of the last entry.
@@ -147,14 +147,10 @@ pub fn extract(
             // a private tree private (a 0700 workspace), and for root its owner, as
             // the entries in it get theirs; or else the mode mkdir(1) would give.
             let mode = match extractor.root_mode {
-                Some((mode, owner)) => {
-                    if let (true, Some((uid, gid))) = (extractor.as_root, owner) {
-                        let (uid, gid) = (
-                            rustix::process::Uid::from_raw(uid as u32),
-                            rustix::process::Gid::from_raw(gid as u32),
-                        );
-                        rfs::fchown(&dest_fd, Some(uid), Some(gid))
-                            .map_err(|e| io_err("chown")(e.into()))?;
+                Some((mode, meta)) => {
+                    if extractor.as_root {
+                        let (uid, gid) = ids(meta);
+                        rfs::fchown(&dest_fd, uid, gid).map_err(|e| io_err("chown")(e.into()))?;
                     }
                     mode
                 }
@@ -387,13 +383,11 @@ impl Extractor {
         let Some((name, parents)) = parts.split_last() else {
             // The archive's root (`./`): DEST itself, which keeps its own attributes,
             // but for its mode when the restore made it (see `extract`).
-            if entry.header().entry_type().is_dir() {
-                let header = entry.header();
-                if let Ok(mode) = header.mode() {
-                    // Never writable by others through a DEST of ckptfs's making.
-                    let owner = header.uid().ok().zip(header.gid().ok());
-                    self.root_mode = Some((mode & 0o755, owner));
-                }
+            if entry.header().entry_type().is_dir()
+                && let Ok(mode) = entry.header().mode()
+            {
+                // Never writable by others through a DEST of ckptfs's making.
+                self.root_mode = Some((mode & 0o755, entry_meta(entry)?));
             }
             return Ok(());
         };

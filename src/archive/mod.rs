@@ -345,6 +345,15 @@ fn drain(entry: &mut impl Read, tally: &mut Tally) -> Result<(), ArchiveError> {
 }
 
 /// A tar path split into its normal components, or the reason it is refused.
+/// Whether a tree's own directory with permission bits `mode` lets its group and
+/// every other user list and search it. Only a root that does not is written as the
+/// archive's `./` (see `writer`), and only one that does is shown as open to all by a
+/// shared mount (`crate::fs::checkpoints::is_open`): a 0700, 0711 or 0705 workspace
+/// keeps its tree, its names or its group out, as on a disk.
+pub fn root_is_open(mode: u32) -> bool {
+    mode & 0o055 == 0o055
+}
+
 pub(crate) fn clean_path(raw: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
     if raw.first() == Some(&b'/') {
         return Err("absolute paths are not allowed");

@@ -288,17 +288,17 @@ impl Walk {
         root: BorrowedFd<'_>,
     ) -> Result<(), ArchiveError> {
         let root = beneath::open_dir_path(root, &[]).map_err(io_error("open", b"."))?;
-        // A root that keeps others out (without the read or the search bit for its
-        // group or for others: a 0700, 0711 or 0705 workspace) is written as `./` (as `tar -C DIR .` names it),
-        // last: its mode is what kept the tree or its names private, and the mount
-        // shows it (see `crate::fs::checkpoints::shown_perm`).
-        // Last, so that archives keep the beginning they had without it (and the
-        // members a turn reuses). Not its time: a workspace made anew for each turn
-        // would otherwise never give the digest of the same tree twice. Any other root
-        // is not written, as before: a tree open to all has the digest it always had,
-        // and `tar -x` of it leaves the directory it extracts into as it was.
+        // A root that keeps others out (see `super::root_is_open`) is written as `./`
+        // (as `tar -C DIR .` names it), last: its mode is what kept the tree or its
+        // names private, and the mount shows it (see
+        // `crate::fs::checkpoints::shown_perm`). Last, so that archives keep the
+        // beginning they had without it (and the members a turn reuses). Not its
+        // time: a workspace made anew for each turn would otherwise never give the
+        // digest of the same tree twice. Any other root is not written, as before: a
+        // tree open to all has the digest it always had, and `tar -x` of it leaves
+        // the directory it extracts into as it was.
         let root_stat = rfs::fstat(&root).map_err(errno("stat", b"."))?;
-        let root_header = (root_stat.st_mode & 0o055 != 0o055).then(|| {
+        let root_header = (!super::root_is_open(root_stat.st_mode)).then(|| {
             let mut header = header_for(&root_stat, EntryType::Directory);
             header.set_mtime(0);
             header.as_old_mut().name[..2].copy_from_slice(b"./");

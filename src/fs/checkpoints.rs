@@ -335,15 +335,14 @@ impl Checkpoints {
             },
         }
     }
-}
 
-impl Checkpoints {
     /// Whether `caller` may `need` (`0o1` search, `0o4` list) checkpoint directory `ino`
     /// itself, if it is one kept private by its root on a shared mount (see
     /// [`shown_perm`]); anything else passes. The kernel checks permissions itself,
-    /// but before a checkpoint is loaded it knows only the provisional `0555` of its
-    /// directory: the lookups and listings that load it must be checked here, or
-    /// another user would see the attributes of its top-level entries. Supplementary
+    /// but before a checkpoint is loaded it knows only the provisional mode of its
+    /// directory (see [`Checkpoints::root_entry`]): the lookups and listings that load
+    /// it are checked here too, so that no other user sees the attributes of its
+    /// top-level entries whatever the kernel admitted. Supplementary
     /// groups are read from `/proc/<pid>/status` (a caller in another PID namespace
     /// has none here).
     pub fn may_enter(&self, ino: u64, caller: (u32, u32, u32), need: u32) -> Result<(), FsError> {
@@ -375,9 +374,7 @@ impl Checkpoints {
             Err(FsError::Os(std::io::Error::from_raw_os_error(libc::EACCES)))
         }
     }
-}
 
-impl Checkpoints {
     /// Whether `caller` may reach entry `ino` of a checkpoint (its attributes, its
     /// link's target): on a shared mount, inside a checkpoint whose root keeps others
     /// out, only if the caller may search that root. The kernel checks the root
@@ -407,17 +404,7 @@ impl Checkpoints {
             entry(attr)
         }
     }
-}
 
-/// Whether a checkpoint's own directory lets its group and every other user list and
-/// search it: only then does the mount show it as `0555` on a shared mount. A root
-/// others may search but not list (a 0711 workspace) keeps its names from them, and
-/// one that shuts its group out (0705) keeps it out, as on a disk.
-pub(crate) fn is_open(root: &Node) -> bool {
-    root.mode & 0o055 == 0o055
-}
-
-impl Checkpoints {
     /// Why checkpoint directory `ino` failed to load, if it did, on a shared mount
     /// where its root was never known: the kernel asks for its attributes when its
     /// provisional `0500` denied a user, and the answer must be the failure, or the
@@ -439,6 +426,13 @@ impl Checkpoints {
     pub fn root_known(&self, slot: &Slot) -> bool {
         self.root_of(slot).is_some()
     }
+}
+
+/// Whether a checkpoint's own directory lets its group and every other user list and
+/// search it (see [`crate::archive::root_is_open`]): only then does a shared mount
+/// show it as `0555`.
+pub(crate) fn is_open(root: &Node) -> bool {
+    crate::archive::root_is_open(root.mode)
 }
 
 /// Whether process `pid` has `gid` among its supplementary groups.

@@ -127,7 +127,12 @@ impl Views {
     /// Renders `.status` for the reads to come; returns its size, never the size of
     /// the last render, so that the kernel drops the pages it kept of that one.
     fn render_status(&self) -> u64 {
-        let mut text = self.status_text();
+        self.share_render(self.status_text())
+    }
+
+    /// Makes `text` the render that reads without a handle (and opens past
+    /// [`STATUS_HELD`]) get; returns its size (see [`Views::render_status`]).
+    fn share_render(&self, mut text: Vec<u8>) -> u64 {
         let mut last = self.rendered.lock().expect("rendered lock");
         if text.len() == last.len() {
             text.push(b'\n');
@@ -311,7 +316,7 @@ impl Subtree for Views {
             return Err(FsError::IsADirectory);
         }
         let fh = HANDLE_VIEW_BIT | self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let text = Arc::new(self.status_text());
+        let text = self.status_text();
         let mut texts = self.texts.lock().expect("texts lock");
         let fh = if texts.1 + text.len() > STATUS_HELD {
             drop(texts);
@@ -321,11 +326,11 @@ impl Subtree for Views {
                     "the renders kept for open handles of .status are at their bound; further opens share one"
                 );
             }
-            *self.rendered.lock().expect("rendered lock") = text;
+            self.share_render(text);
             SHARED_RENDER
         } else {
             texts.1 += text.len();
-            texts.0.insert(fh, text);
+            texts.0.insert(fh, Arc::new(text));
             fh
         };
         // Its size is not known in advance: bypass the page cache.
