@@ -307,6 +307,68 @@ pub(crate) fn shared_prefix(held: &[Vec<u8>], parts: &[&[u8]]) -> usize {
         .count()
 }
 
+/// Writes `name` in `dir` whole or not at all: into a new file (`O_EXCL`, never
+/// through a symlink), renamed over `name` once written, which replaces a symlink or
+/// file there rather than writing through it. `mode` is given to the new file (less
+/// the umask).
+pub fn replace_file_at(dir: impl AsFd, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = dir.as_fd();
+    let temp = format!(
+        ".partial-{name}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let fd = rfs::openat(
+        dir,
+        temp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(os)?;
+    let written = std::fs::File::from(fd).write_all(bytes);
+    let renamed = written.and_then(|()| rfs::renameat(dir, temp.as_str(), dir, name).map_err(os));
+    if renamed.is_err() {
+        let _ = rfs::unlinkat(dir, temp.as_str(), AtFlags::empty());
+    }
+    renamed
+}
+
+/// Whether `name` in `dir` is a regular file of this user (a symlink is not followed).
+pub fn is_own_file_at(dir: impl AsFd, name: &OsStr) -> bool {
+    rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|stat| {
+        FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
+            && stat.st_uid == rustix::process::geteuid().as_raw()
+    })
+}
+
+/// The bytes of `name` in `dir` if it is a regular file of this user, opened without
+/// following a symlink (a FIFO planted there does not block), of at most `most` bytes.
+pub fn read_own_file_at(dir: impl AsFd, name: &OsStr, most: u64) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let stat = rfs::fstat(&fd).ok()?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
+        || stat.st_uid != rustix::process::geteuid().as_raw()
+    {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(most.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .ok()?;
+    (bytes.len() as u64 <= most).then_some(bytes)
+}
+
 /// The type of `name` in `dir`, if it exists (a symlink is reported as one).
 pub fn kind_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<FileType>> {
     match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {

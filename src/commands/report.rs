@@ -9,18 +9,26 @@
 //! cannot differ. Every turn shown is verified again in every run (downloaded and
 //! hashed), so that the report's integrity section speaks of that run; only the diffs
 //! are not recomputed. Turns that failed are never reused.
+//!
+//! Whoever can write OUTDIR (its owner, when root makes the report) must not be able
+//! to steer the report's writes, renames, deletions or reads elsewhere: every file is
+//! reached through descriptors of OUTDIR and its two folders ([`OutDir`]), one name at
+//! a time, never through a symlink, and the folders must be the user's own.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::{Context, Result, bail};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use super::review_session::{ReviewSession, lineage, unreadable};
+use crate::beneath;
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointInfo, Exact};
 use crate::cli::{Cli, ReportArgs};
 use crate::commands::say;
@@ -31,6 +39,8 @@ use crate::review::report::{self, TurnStats};
 /// Where a report keeps what later runs reuse.
 const STATE: &str = ".ckptfs-report";
 const MANIFEST: &str = "manifest.json";
+const TURNS: &str = "turns";
+const INDEX: &str = "index.html";
 /// Bumped when the pages' bodies change shape.
 const FORMAT: u32 = 2;
 
@@ -66,8 +76,8 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
     let parents = session.claimed_parents()?;
     let listed = session.by_id();
     let shown = chosen(&session, args, &parents, &listed)?;
-    let outdir = prepare(&args.outdir)?;
-    let mut manifest = read_manifest(&outdir);
+    let outdir = OutDir::prepare(&args.outdir)?;
+    let mut manifest = outdir.read_manifest();
     let started = SystemTime::now();
     let mut budget = PatchBudget::default();
     let (mut computed, mut reused) = (0, 0);
@@ -94,7 +104,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         let earlier = manifest
             .turns
             .get(key)
-            .filter(|c| c.base == base_id && body_path(&outdir, &info.id, base).is_file())
+            .filter(|c| c.base == base_id && outdir.has_body(&info.id, base))
             .cloned();
         let outcome = match earlier {
             Some(earlier) => match session.verify(info) {
@@ -112,7 +122,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
                     // The body first, under a name that says what it was compared
                     // with, then the manifest: a run that stops between the two
                     // leaves nothing that a later run would take for another pair.
-                    write_file(&body_path(&outdir, &info.id, base), body.html.as_bytes())?;
+                    outdir.write_body(&info.id, base, body.html.as_bytes())?;
                     manifest.turns.insert(
                         key.to_owned(),
                         Computed {
@@ -120,7 +130,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
                             stats: body.stats,
                         },
                     );
-                    write_manifest(&outdir, &manifest)?;
+                    outdir.write_manifest(&manifest)?;
                     computed += 1;
                     Ok(body.stats)
                 }
@@ -140,22 +150,20 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         });
     }
     let finished = SystemTime::now();
-    write_manifest(&outdir, &manifest)?;
+    outdir.write_manifest(&manifest)?;
     let when = Verified { started, finished };
     for (i, row) in rows.iter().enumerate() {
         let page = turn_page(&outdir, &rows, i, &when)?;
-        write_file(&turn_path(&outdir, &row.info.id), page.as_bytes())?;
+        outdir.write(&outdir.turns, &turn_name(&row.info.id), page.as_bytes())?;
     }
-    write_file(
-        &outdir.join("index.html"),
-        index_page(&args.store, &rows, &when).as_bytes(),
-    )?;
-    remove_stale_files(&outdir, &rows, &manifest)?;
+    let index = index_page(&args.store, &rows, &when);
+    outdir.write(&outdir.top, INDEX, index.as_bytes())?;
+    outdir.remove_stale_files(&rows, &manifest)?;
     let failed = rows.iter().filter(|r| r.outcome.is_err()).count();
     say::note!(
         "wrote {} ({} turns: {computed} computed, {reused} taken from the earlier report, \
          {failed} FAILED)",
-        outdir.join("index.html").display(),
+        outdir.path.join(INDEX).display(),
         rows.len()
     );
     Ok(if failed > 0 { 1 } else { 0 })
@@ -235,125 +243,202 @@ fn compute(
     Ok(Ok(body))
 }
 
-fn write_manifest(outdir: &Path, manifest: &Manifest) -> Result<()> {
-    write_file(
-        &outdir.join(STATE).join(MANIFEST),
-        &serde_json::to_vec_pretty(manifest)?,
-    )
+/// OUTDIR and its two folders, opened once (see the module's comment).
+struct OutDir {
+    path: PathBuf,
+    top: OwnedFd,
+    /// `.ckptfs-report/`: the manifest and the page bodies.
+    state: OwnedFd,
+    turns: OwnedFd,
 }
 
-/// Makes OUTDIR and its folders; refuses a directory that holds anything but a report.
-fn prepare(outdir: &Path) -> Result<PathBuf> {
-    fs::create_dir_all(outdir)
-        .with_context(|| format!("cannot make the report directory {}", outdir.display()))?;
-    let is_report = outdir.join(STATE).join(MANIFEST).is_file();
-    let empty = fs::read_dir(outdir)
-        .with_context(|| format!("cannot read {}", outdir.display()))?
-        .next()
-        .is_none();
-    if !empty && !is_report {
+impl OutDir {
+    /// Makes OUTDIR and its folders; refuses a directory that holds anything but a
+    /// report, and folders that are not the user's own.
+    fn prepare(outdir: &Path) -> Result<OutDir> {
+        fs::create_dir_all(outdir)
+            .with_context(|| format!("cannot make the report directory {}", outdir.display()))?;
+        let top = rfs::open(
+            outdir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| format!("cannot open the report directory {}", outdir.display()))?;
+        let empty = beneath::list(&top)
+            .with_context(|| format!("cannot read {}", outdir.display()))?
+            .is_empty();
+        let is_report = beneath::open_dir(&top, OsStr::new(STATE))
+            .is_ok_and(|state| beneath::is_own_file_at(&state, OsStr::new(MANIFEST)));
+        if !empty && !is_report {
+            bail!(
+                "{} is not empty and holds no ckptfs report: give a new or empty directory \
+                 (a report writes index.html and turns/ there)",
+                outdir.display()
+            );
+        }
+        Ok(OutDir {
+            state: own_folder(&top, outdir, STATE)?,
+            turns: own_folder(&top, outdir, TURNS)?,
+            path: outdir.to_owned(),
+            top,
+        })
+    }
+
+    /// Writes `name` in `dir` (one of the three) whole or not at all, replacing what
+    /// was there, a symlink included, rather than writing through it.
+    fn write(&self, dir: &OwnedFd, name: &str, bytes: &[u8]) -> Result<()> {
+        // Readable as a web page is (the umask still applies).
+        beneath::replace_file_at(dir, name, bytes, 0o644)
+            .with_context(|| format!("cannot write {}", self.shown(dir, name).display()))
+    }
+
+    fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
+        self.write(&self.state, MANIFEST, &serde_json::to_vec_pretty(manifest)?)
+    }
+
+    /// The earlier report's manifest; an empty one when there is none, or when
+    /// another version made it.
+    fn read_manifest(&self) -> Manifest {
+        let fresh = Manifest {
+            format: FORMAT,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            turns: BTreeMap::new(),
+        };
+        let Some(bytes) = beneath::read_own_file_at(&self.state, OsStr::new(MANIFEST), LARGEST)
+        else {
+            return fresh;
+        };
+        match serde_json::from_slice::<Manifest>(&bytes) {
+            Ok(m) if m.format == fresh.format && m.version == fresh.version => m,
+            Ok(_) => {
+                say::note!(
+                    "the earlier report was made by another version: every turn is computed again"
+                );
+                fresh
+            }
+            Err(e) => {
+                say::note!(
+                    "the earlier report's manifest cannot be read ({e}): every turn is computed again"
+                );
+                fresh
+            }
+        }
+    }
+
+    fn has_body(&self, id: &CheckpointId, base: Option<&CheckpointInfo>) -> bool {
+        beneath::is_own_file_at(&self.state, OsStr::new(&body_name(id, base)))
+    }
+
+    fn write_body(
+        &self,
+        id: &CheckpointId,
+        base: Option<&CheckpointInfo>,
+        html: &[u8],
+    ) -> Result<()> {
+        self.write(&self.state, &body_name(id, base), html)
+    }
+
+    fn read_body(&self, id: &CheckpointId, base: Option<&CheckpointInfo>) -> Result<String> {
+        let name = body_name(id, base);
+        let bytes = beneath::read_own_file_at(&self.state, OsStr::new(&name), LARGEST)
+            .with_context(|| {
+                format!(
+                    "cannot read {} (not a file of this user, or gone)",
+                    self.shown(&self.state, &name).display()
+                )
+            })?;
+        String::from_utf8(bytes).with_context(|| format!("{name} is not text"))
+    }
+
+    /// Deletes the turn pages of turns this report does not show (a narrower run),
+    /// and the bodies the manifest no longer names (a turn compared with another
+    /// checkpoint since).
+    fn remove_stale_files(&self, rows: &[Row<'_>], manifest: &Manifest) -> Result<()> {
+        let pages: HashSet<String> = rows.iter().map(|r| turn_name(&r.info.id)).collect();
+        let bodies: HashSet<String> = manifest
+            .turns
+            .iter()
+            .map(|(id, c)| format!("{id}.{}.html", c.base.as_deref().unwrap_or("first")))
+            .collect();
+        let ours = |name: &str| {
+            name.strip_suffix(".html").is_some_and(|stem| {
+                let mut parts = stem.split('.');
+                parts.next().and_then(CheckpointId::parse).is_some()
+                    && parts.all(|p| p == "first" || CheckpointId::parse(p).is_some())
+            })
+        };
+        for (dir, keep) in [(&self.turns, &pages), (&self.state, &bodies)] {
+            let names = beneath::list(dir)
+                .with_context(|| format!("cannot read {}", self.shown(dir, "").display()))?;
+            for (name, is_dir) in names {
+                let Ok(name) = String::from_utf8(name) else {
+                    continue;
+                };
+                if !is_dir && ours(&name) && !keep.contains(&name) {
+                    rfs::unlinkat(dir, name.as_str(), AtFlags::empty()).with_context(|| {
+                        format!("cannot remove {}", self.shown(dir, &name).display())
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `name` in `dir` is, for messages.
+    fn shown(&self, dir: &OwnedFd, name: &str) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        let folder = if dir.as_raw_fd() == self.state.as_raw_fd() {
+            self.path.join(STATE)
+        } else if dir.as_raw_fd() == self.turns.as_raw_fd() {
+            self.path.join(TURNS)
+        } else {
+            self.path.clone()
+        };
+        folder.join(name)
+    }
+}
+
+/// Bodies and manifests larger than this are not read back (a report's own are far
+/// smaller: patches are bounded by [`PatchBudget`]).
+const LARGEST: u64 = 1 << 32;
+
+/// Makes folder `name` of OUTDIR if missing and opens it, refusing a symlink and a
+/// folder of another user; one of this user's that others may write is closed to them
+/// first (nothing in it is taken that is not this user's).
+fn own_folder(top: &OwnedFd, outdir: &Path, name: &str) -> Result<OwnedFd> {
+    let path = outdir.join(name);
+    match rfs::mkdirat(top, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot make {}", path.display())),
+    }
+    let dir = beneath::open_dir(top, OsStr::new(name))
+        .with_context(|| format!("cannot open {} (a symlink is refused)", path.display()))?;
+    let stat = rfs::fstat(&dir).with_context(|| format!("cannot stat {}", path.display()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if stat.st_uid != me {
         bail!(
-            "{} is not empty and holds no ckptfs report: give a new or empty directory \
-             (a report writes index.html and turns/ there)",
-            outdir.display()
+            "{} belongs to uid {}, not to the user making the report ({me}): refusing to \
+             write in it (its owner could turn its files into links to others)",
+            path.display(),
+            stat.st_uid
         );
     }
-    for dir in [outdir.join(STATE), outdir.join("turns")] {
-        fs::create_dir_all(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
+    if stat.st_mode & 0o022 != 0 {
+        rfs::fchmod(&dir, Mode::from_raw_mode(stat.st_mode & 0o755))
+            .with_context(|| format!("cannot chmod {}", path.display()))?;
     }
-    Ok(outdir.to_owned())
-}
-
-/// The earlier report's manifest; an empty one when there is none, or when another
-/// version made it.
-fn read_manifest(outdir: &Path) -> Manifest {
-    let fresh = Manifest {
-        format: FORMAT,
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        turns: BTreeMap::new(),
-    };
-    let Ok(bytes) = fs::read(outdir.join(STATE).join(MANIFEST)) else {
-        return fresh;
-    };
-    match serde_json::from_slice::<Manifest>(&bytes) {
-        Ok(m) if m.format == fresh.format && m.version == fresh.version => m,
-        Ok(_) => {
-            say::note!(
-                "the earlier report was made by another version: every turn is computed again"
-            );
-            fresh
-        }
-        Err(e) => {
-            say::note!(
-                "the earlier report's manifest cannot be read ({e}): every turn is computed again"
-            );
-            fresh
-        }
-    }
+    Ok(dir)
 }
 
 /// The body of `id`'s page compared with `base`: `<sha256>.<base sha256>.html`, or
 /// `<sha256>.first.html`.
-fn body_path(outdir: &Path, id: &CheckpointId, base: Option<&CheckpointInfo>) -> PathBuf {
+fn body_name(id: &CheckpointId, base: Option<&CheckpointInfo>) -> String {
     let base = base.map_or("first", |b| b.id.as_str());
-    outdir
-        .join(STATE)
-        .join(format!("{}.{base}.html", id.as_str()))
+    format!("{}.{base}.html", id.as_str())
 }
 
-fn turn_path(outdir: &Path, id: &CheckpointId) -> PathBuf {
-    outdir.join("turns").join(format!("{}.html", id.as_str()))
-}
-
-/// Writes `path` whole or not at all (a temporary file renamed over it).
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().expect("report files are in a directory");
-    // Readable as a web page is (the umask still applies).
-    let mut file = tempfile::Builder::new()
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot write in {}", dir.display()))?;
-    file.write_all(bytes)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    file.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// Deletes the turn pages of turns this report does not show (a narrower run), and
-/// the bodies the manifest no longer names (a turn compared with another checkpoint
-/// since).
-fn remove_stale_files(outdir: &Path, rows: &[Row<'_>], manifest: &Manifest) -> Result<()> {
-    let pages: HashSet<String> = rows
-        .iter()
-        .map(|r| format!("{}.html", r.info.id.as_str()))
-        .collect();
-    let bodies: HashSet<String> = manifest
-        .turns
-        .iter()
-        .map(|(id, c)| format!("{id}.{}.html", c.base.as_deref().unwrap_or("first")))
-        .collect();
-    let ours = |name: &str| {
-        name.strip_suffix(".html").is_some_and(|stem| {
-            let mut parts = stem.split('.');
-            parts.next().and_then(CheckpointId::parse).is_some()
-                && parts.all(|p| p == "first" || CheckpointId::parse(p).is_some())
-        })
-    };
-    for (dir, keep) in [
-        (outdir.join("turns"), &pages),
-        (outdir.join(STATE), &bodies),
-    ] {
-        for entry in fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let name = entry?.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if ours(name) && !keep.contains(name) {
-                fs::remove_file(dir.join(name))
-                    .with_context(|| format!("cannot remove {}", dir.join(name).display()))?;
-            }
-        }
-    }
-    Ok(())
+fn turn_name(id: &CheckpointId) -> String {
+    format!("{}.html", id.as_str())
 }
 
 /// When this run verified the turns.
@@ -420,7 +505,7 @@ fn compared_briefly(row: &Row<'_>) -> String {
     )
 }
 
-fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Result<String> {
+fn turn_page(outdir: &OutDir, rows: &[Row<'_>], i: usize, when: &Verified) -> Result<String> {
     let row = &rows[i];
     let id = &row.info.id;
     let mut out = page_start(&format!("turn {} · ckptfs report", id.short()));
@@ -471,10 +556,7 @@ fn turn_page(outdir: &Path, rows: &[Row<'_>], i: usize, when: &Verified) -> Resu
                 time(when.started),
                 time(when.finished)
             );
-            let body_file = body_path(outdir, id, row.base);
-            let body = fs::read_to_string(&body_file)
-                .with_context(|| format!("cannot read {}", body_file.display()))?;
-            out.push_str(&body);
+            out.push_str(&outdir.read_body(id, row.base)?);
         }
         Err(reason) => {
             let _ = write!(

@@ -20,7 +20,8 @@ use std::io;
 
 use sha2::{Digest, Sha256};
 
-use super::store::{MemberCache, is_key_name, read_own_file, write_keeping_newest};
+use super::store::{MemberCache, is_key_name, write_keeping_newest};
+use crate::beneath::read_own_file_at;
 
 /// Stores whose costs are kept: those written last.
 const STORES_KEPT: usize = 16;
@@ -120,7 +121,7 @@ impl MemberCache {
     pub fn copy_costs(&self, store: &str) -> CopyCosts {
         self.subdir("stores")
             .ok()
-            .and_then(|dir| read_own_file(&dir, OsStr::new(&file_name(store)), MOST))
+            .and_then(|dir| read_own_file_at(&dir, OsStr::new(&file_name(store)), MOST))
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .map(|text| CopyCosts::parse(&text))
             .unwrap_or_default()

@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -381,7 +381,7 @@ impl MemberCache {
 
     /// Writes a member under `name`; returns the bytes kept since the last trim.
     fn write(&self, name: &str, member: &[u8]) -> io::Result<u64> {
-        write_atomically(&self.dir, name, member)?;
+        crate::beneath::replace_file_at(&self.dir, name, member, 0o600)?;
         let len = member.len() as u64;
         Ok(self.kept.fetch_add(len, Ordering::Relaxed) + len)
     }
@@ -511,29 +511,6 @@ impl MemberCache {
     }
 }
 
-/// Writes `name` in `dir` whole or not at all.
-fn write_atomically(dir: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let temp = format!(
-        ".partial-{name}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let fd = rfs::openat(
-        dir,
-        temp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .map_err(os)?;
-    let written = File::from(fd).write_all(bytes);
-    let renamed = written.and_then(|()| rfs::renameat(dir, temp.as_str(), dir, name).map_err(os));
-    if renamed.is_err() {
-        let _ = rfs::unlinkat(dir, temp.as_str(), AtFlags::empty());
-    }
-    renamed
-}
-
 /// Writes `name` in `dir` (atomically), then removes all but the `kept` newest of the
 /// files whose names `wanted` takes.
 pub(super) fn write_keeping_newest(
@@ -543,7 +520,7 @@ pub(super) fn write_keeping_newest(
     kept: usize,
     wanted: impl Fn(&[u8]) -> bool,
 ) -> io::Result<()> {
-    write_atomically(dir, name, bytes)?;
+    crate::beneath::replace_file_at(dir, name, bytes, 0o600)?;
     for old in newest_files(dir, wanted)?.into_iter().skip(kept) {
         let _ = rfs::unlinkat(dir, OsStr::from_bytes(&old), AtFlags::empty());
     }
@@ -554,27 +531,6 @@ pub(super) fn write_keeping_newest(
 /// store costs): 32 hexadecimal digits.
 pub(super) fn is_key_name(name: &[u8]) -> bool {
     name.len() == 32 && name.iter().all(u8::is_ascii_hexdigit)
-}
-
-/// The bytes of `name` in `dir` if it is a regular file of this user, opened without
-/// following a symlink (a FIFO planted there does not block), of at most `most` bytes.
-pub(super) fn read_own_file(dir: &OwnedFd, name: &OsStr, most: u64) -> Option<Vec<u8>> {
-    let fd = rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let stat = rfs::fstat(&fd).ok()?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
-        || stat.st_uid != rustix::process::geteuid().as_raw()
-    {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    File::from(fd).take(most + 1).read_to_end(&mut bytes).ok()?;
-    (bytes.len() as u64 <= most).then_some(bytes)
 }
 
 /// The layout files of `dir`, newest first (with partial ones left by a kill, which
@@ -607,7 +563,7 @@ fn read_layout(dir: &OwnedFd, name: &[u8]) -> Option<Vec<MemberSpan>> {
     if !is_object_name(name) {
         return None;
     }
-    let bytes = read_own_file(dir, OsStr::from_bytes(name), MAX_LAYOUT)?;
+    let bytes = crate::beneath::read_own_file_at(dir, OsStr::from_bytes(name), MAX_LAYOUT)?;
     let records = bytes.strip_prefix(LAYOUT_MAGIC)?;
     if bytes.len() as u64 > MAX_LAYOUT || records.len() % LAYOUT_RECORD != 0 {
         return None;

@@ -328,7 +328,7 @@ impl MemberCache {
     /// The records file of tree `name` in `dir`, if it is a regular file of this user
     /// no larger than `most`.
     fn read_tree(&self, dir: &str, name: &str, most: u64) -> Option<Vec<u8>> {
-        super::store::read_own_file(&self.subdir(dir).ok()?, OsStr::new(name), most)
+        crate::beneath::read_own_file_at(&self.subdir(dir).ok()?, OsStr::new(name), most)
     }
 
     /// Forgets the records of tree `name` in `dir`.

@@ -47,3 +47,57 @@ fn a_patch_of_files_that_differ_everywhere_is_bounded() {
         measured.max_rss_kib
     );
 }
+
+/// Root makes a report into a directory another user owns (nobody's): that user may
+/// swap the report's folders between runs, for a link to a directory of root's or a
+/// folder of their own, but not steer the report's writes, replacements and deletions
+/// there (a 9-byte file of root's was replaced by a turn's page, another deleted,
+/// before the report worked through descriptors of its own folders).
+#[test]
+fn a_report_directory_another_user_writes_cannot_steer_the_report() {
+    use crate::util::users::{as_nobody, nobodys_dir, shared_temp_dir};
+    let store = TestStore::local();
+    let work = temp_dir();
+    let tree = work.path().join("w");
+    write_file(&tree.join("a.txt"), b"a\n", 0o644);
+    let sha = store.put(&tree, &[]).0;
+
+    let shared = shared_temp_dir("ckptfs-report-");
+    let out = shared.path().join("out");
+    nobodys_dir(&out);
+    store.cmd("report", [&out]).success();
+
+    // A directory of root's holding files with the names a report writes and removes.
+    let victim = work.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let page = victim.join(format!("{sha}.html"));
+    let other = victim.join(format!("{}.html", "0".repeat(64)));
+    std::fs::write(&page, b"precious\n").unwrap();
+    std::fs::write(&other, b"keep\n").unwrap();
+    let untouched = |what: &str| {
+        assert_eq!(std::fs::read(&page).unwrap(), b"precious\n", "{what}");
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep\n", "{what}");
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 2, "{what}");
+    };
+
+    // turns/ swapped for a link to root's directory.
+    let swap = format!(
+        "mv {out}/turns {out}/old && ln -s {victim} {out}/turns",
+        out = out.display(),
+        victim = victim.display()
+    );
+    crate::util::run(as_nobody().args(["sh", "-c", &swap])).success();
+    let refused = store.cmd("report", [&out]);
+    assert_eq!(refused.status.code(), Some(1), "{refused}");
+    assert!(refused.stderr.contains("a symlink is refused"), "{refused}");
+    untouched("through a link");
+
+    // turns/ swapped for a folder of nobody's own, whose files nobody could link
+    // anywhere later.
+    let swap = format!("rm {out}/turns && mkdir {out}/turns", out = out.display());
+    crate::util::run(as_nobody().args(["sh", "-c", &swap])).success();
+    let refused = store.cmd("report", [&out]);
+    assert_eq!(refused.status.code(), Some(1), "{refused}");
+    assert!(refused.stderr.contains("belongs to uid 65534"), "{refused}");
+    untouched("through nobody's folder");
+}
