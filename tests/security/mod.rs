@@ -169,6 +169,13 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `VmRSS` (resident memory now, KiB) of a live process.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// What an escape could change under `base`, path by path: type, mode, link count,
 /// size, mtime and ctime (ns), and the content's hash or the link's target. DEST and
 /// everything in it are left out; its parent, whose times and link count move when

@@ -56,7 +56,7 @@ use inodes::{Known, Loc, Pin, Place, generation, parked_name};
 
 use super::error::FsError;
 use super::inode;
-use super::subtree::{Attr, CopySource, DirEntry, Entry, FileKind, Opened, Subtree, add_from};
+use super::subtree::{Attr, CopySource, DirEntry, Entry, FileKind, Opened, Subtree};
 use crate::checkpoint::CheckpointId;
 
 /// Staged entries change only through this mount, and the kernel drops what each
@@ -124,8 +124,6 @@ pub struct StagingTree {
     graveyard: Arc<OwnedFd>,
     /// Files opened for reads and writes, which come by inode (see `files.rs`).
     files: files::OpenFiles,
-    /// Directory listings being read, by directory.
-    listings: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     /// Held for reading by every change from its frozen check to its end, and for
     /// writing by a freeze: see the module comment.
     gate: RwLock<()>,
@@ -250,7 +248,6 @@ impl StagingTree {
             pinned: Mutex::new(HashMap::new()),
             graveyard: Arc::new(graveyard),
             files: files::OpenFiles::default(),
-            listings: Mutex::new(HashMap::new()),
             gate: RwLock::new(()),
             frozen: Mutex::new(HashSet::new()),
             copied_from: Mutex::new(HashMap::new()),
@@ -397,34 +394,18 @@ impl StagingTree {
         }
     }
 
-    /// Lists directory `ino` from `offset`. The kernel opens directories without
-    /// asking the daemon (see `fuse.rs`), so a listing is read whole when it starts
-    /// (offset 0) and kept, per directory, until it has been read to its end: offsets
-    /// stay valid while it is listed.
+    /// Lists directory `ino` from `offset`. The offsets given to the kernel are the
+    /// backing directory's own positions (its `telldir` cookies), so each request
+    /// reads on from where the last stopped and nothing is kept between requests: the
+    /// directories a writer makes, however many or large, and listings left half read,
+    /// cost the daemon no memory. (The kernel opens directories without asking the
+    /// daemon, see `fuse.rs`, so there is no handle to keep a listing with.)
     fn list(
         &self,
         ino: u64,
         offset: u64,
         add: &mut dyn FnMut(&DirEntry, u64) -> bool,
     ) -> Result<(), FsError> {
-        let entries = {
-            let mut listings = self.listings.lock().expect("listings lock");
-            match listings.get(&ino) {
-                Some(entries) if offset != 0 => Arc::clone(entries),
-                _ => {
-                    let entries = Arc::new(self.read_dir(ino)?);
-                    listings.insert(ino, Arc::clone(&entries));
-                    entries
-                }
-            }
-        };
-        if !add_from(&entries, offset, add) {
-            self.listings.lock().expect("listings lock").remove(&ino);
-        }
-        Ok(())
-    }
-
-    fn read_dir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
         let fd = self.fd(ino)?;
         let dir_fd = rfs::openat(
             &*fd,
@@ -433,25 +414,30 @@ impl StagingTree {
             Mode::empty(),
         )
         .map_err(os)?;
-        let mut entries = Vec::new();
         let mut dir = rfs::Dir::new(dir_fd).map_err(os)?;
+        if offset != 0 {
+            // The cookie is the kernel's own, passed back bit for bit.
+            dir.seek(offset as i64).map_err(os)?;
+        }
         while let Some(entry) = dir.read() {
             let entry = entry.map_err(os)?;
             let name = entry.file_name().to_bytes();
-            let kind = file_kind(entry.file_type());
             let entry_ino = match name {
                 b"." => ino,
                 b".." if ino == inode::STAGING => inode::ROOT,
                 _ if ino == inode::STAGING && name == GRAVEYARD.as_bytes() => continue,
                 _ => self.fuse_ino(entry.ino()),
             };
-            entries.push(DirEntry {
+            let listed = DirEntry {
                 ino: entry_ino,
-                kind,
+                kind: file_kind(entry.file_type()),
                 name: name.to_vec(),
-            });
+            };
+            if add(&listed, entry.offset() as u64) {
+                break;
+            }
         }
-        Ok(entries)
+        Ok(())
     }
 
     pub fn statfs(&self) -> Result<rfs::StatVfs, FsError> {
