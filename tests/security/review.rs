@@ -51,8 +51,9 @@ fn a_patch_of_files_that_differ_everywhere_is_bounded() {
 /// Root makes a report into a directory another user owns (nobody's): that user may
 /// swap the report's folders between runs, for a link to a directory of root's or a
 /// folder of their own, but not steer the report's writes, replacements and deletions
-/// there (a 9-byte file of root's was replaced by a turn's page, another deleted,
-/// before the report worked through descriptors of its own folders).
+/// there, nor its reads (a 9-byte file of root's was replaced by a turn's page,
+/// another deleted, and a file only root may read copied into a page, before the
+/// report worked through descriptors of its own folders).
 #[test]
 fn a_report_directory_another_user_writes_cannot_steer_the_report() {
     use crate::util::users::{as_nobody, nobodys_dir, shared_temp_dir};
@@ -100,4 +101,29 @@ fn a_report_directory_another_user_writes_cannot_steer_the_report() {
     assert_eq!(refused.status.code(), Some(1), "{refused}");
     assert!(refused.stderr.contains("belongs to uid 65534"), "{refused}");
     untouched("through nobody's folder");
+
+    // .ckptfs-report/ swapped for nobody's copy whose page body is a link to a file
+    // only root may read: an earlier report put its contents into a 0644 page.
+    let out = shared.path().join("out2");
+    nobodys_dir(&out);
+    store.cmd("report", [&out]).success();
+    let secret = work.path().join("secret");
+    std::fs::write(&secret, b"ROOT-ONLY-SECRET\n").unwrap();
+    let swap = format!(
+        "cd {out} && mv .ckptfs-report old && mkdir .ckptfs-report && \
+         cp old/manifest.json .ckptfs-report/ && \
+         for f in old/*.html; do ln -s {secret} .ckptfs-report/$(basename $f); done",
+        out = out.display(),
+        secret = secret.display()
+    );
+    crate::util::run(as_nobody().args(["sh", "-c", &swap])).success();
+    // A manifest of nobody's is no report of root's.
+    let refused = store.cmd("report", [&out]);
+    assert_eq!(refused.status.code(), Some(1), "{refused}");
+    assert!(
+        refused.stderr.contains("holds no ckptfs report"),
+        "{refused}"
+    );
+    let page = std::fs::read(out.join("turns").join(format!("{sha}.html"))).unwrap();
+    assert!(!String::from_utf8_lossy(&page).contains("ROOT-ONLY-SECRET"));
 }
