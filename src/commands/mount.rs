@@ -108,7 +108,7 @@ fn on_signal(count: usize, mountpoint: &Path, unmounter: &mut mount::Unmounter) 
         }
         2 => {
             tracing::info!(mountpoint = %shown, "second signal: detaching the mount lazily");
-            match mount::detach(mountpoint) {
+            match unmounter.detach(mountpoint) {
                 Ok(how) => tracing::info!(
                     mountpoint = %shown,
                     with = how,

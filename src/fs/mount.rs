@@ -7,14 +7,29 @@
 //! core is connected to the kernel's caches (see [`super::KernelCache`]) before any
 //! request is served.
 //!
+//! A root daemon mounts and unmounts by descriptor, never by path: whoever can write
+//! a directory above the mount point could otherwise swap a path between a check and
+//! `mount(2)` (and have root mount over any directory), or between the mount and
+//! `umount(2)` (and have root unmount any mount). It opens the mount point once
+//! ([`MountPoint`]), checks that very directory, mounts on it through
+//! `/proc/self/fd`, and later unmounts the mount that its parent's descriptor and its
+//! name lead to only if that is this session's (same device). Other users' daemons
+//! mount and unmount through `fusermount3`, which may only touch their own mounts.
+//!
 //! What a process does around a mount (daemonising, signals, refreshing the listing,
 //! choosing directories) is the command's, in `commands/mount.rs`; this module never
 //! prints and never exits.
 
+use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, StatxAttributes, StatxFlags};
+use rustix::mount::{MountFlags, UnmountFlags};
 
 use fuser::{Config, MountOption, SessionACL};
 
@@ -41,11 +56,30 @@ pub struct MountOptions {
 /// the mount goes away. Dropped without running, it unmounts.
 pub struct Session {
     session: fuser::Session<FuseAdapter>,
+    /// Where a root daemon mounted (`None`: fuser and `fusermount3` did).
+    at: Option<Arc<MountedAt>>,
 }
 
 /// Unmounts a [`Session`] from another thread (a signal handler).
-pub struct Unmounter {
-    unmounter: fuser::SessionUnmounter,
+pub enum Unmounter {
+    Fuser(fuser::SessionUnmounter),
+    Root(Arc<MountedAt>),
+}
+
+/// A mount point opened once: its parent directory by descriptor, its name there, and
+/// the directory itself (which the mount goes on).
+pub struct MountPoint {
+    parent: OwnedFd,
+    name: OsString,
+    dir: OwnedFd,
+}
+
+/// The mount a root daemon made: where its parent's descriptor and name lead, and the
+/// device of its filesystem, by which it is told from anything mounted there since.
+pub struct MountedAt {
+    parent: OwnedFd,
+    name: OsString,
+    dev: Option<u64>,
 }
 
 /// Mounts `fs` on `options.mountpoint`. Fails if the mount point is missing, not a
@@ -76,73 +110,197 @@ pub fn mount(fs: Arc<CheckpointFs>, options: &MountOptions) -> io::Result<Sessio
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let adapter = FuseAdapter::new(Arc::clone(&fs));
-    let session = fuser::Session::new(adapter, &options.mountpoint, &config)?;
+    let (session, at) = if rustix::process::geteuid().is_root() {
+        let point = MountPoint::open(&options.mountpoint)?;
+        let device = mount_as_root(&point, options)?;
+        let acl = config.acl;
+        let session = fuser::Session::from_fd(adapter, device, acl, config)?;
+        (session, Some(Arc::new(point.mounted())))
+    } else {
+        (
+            fuser::Session::new(adapter, &options.mountpoint, &config)?,
+            None,
+        )
+    };
     fs.attach_kernel(Arc::new(SessionCache(session.notifier())));
-    widen_readahead(&options.mountpoint);
-    Ok(Session { session })
+    if let Some(dev) = at.as_ref().and_then(|at| at.dev) {
+        widen_readahead(dev);
+    }
+    Ok(Session { session, at })
+}
+
+impl MountPoint {
+    /// Opens the directory `path` names now (links in it followed, as given) and
+    /// checks it: a directory, not a mount's root, empty. The mount goes on this very
+    /// directory whatever its path holds later.
+    pub fn open(path: &Path) -> io::Result<MountPoint> {
+        let resolved = std::fs::canonicalize(path)?;
+        let (Some(parent), Some(name)) = (resolved.parent(), resolved.file_name()) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot mount on /",
+            ));
+        };
+        let parent = rfs::open(
+            parent,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let dir = crate::beneath::open_dir(&parent, name)?;
+        let stat = rfs::statx(
+            &dir,
+            "",
+            AtFlags::EMPTY_PATH | AtFlags::NO_AUTOMOUNT,
+            StatxFlags::BASIC_STATS,
+        )?;
+        if stat
+            .stx_attributes_mask
+            .contains(StatxAttributes::MOUNT_ROOT)
+            && stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "the mount point is already a mount point",
+            ));
+        }
+        if !crate::beneath::list(&dir)?.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                "the mount point is not empty",
+            ));
+        }
+        Ok(MountPoint {
+            parent,
+            name: name.to_owned(),
+            dir,
+        })
+    }
+
+    /// Where the mount on this directory now is, with its filesystem's device: none
+    /// if the name no longer leads to a mount (the directory was renamed while it was
+    /// mounted on), and the daemon then leaves unmounting to `fusermount3 -u`.
+    fn mounted(self) -> MountedAt {
+        let dev = match mount_root_at(&self.parent, &self.name) {
+            Ok((true, dev)) => Some(dev),
+            _ => None,
+        };
+        MountedAt {
+            parent: self.parent,
+            name: self.name,
+            dev,
+        }
+    }
+}
+
+/// `/proc/self/fd/FD`, or `/proc/self/fd/FD/NAME`: a path that leads to what the
+/// descriptor holds (then to `name` in it), whatever has been renamed since.
+fn through_fd(fd: impl AsFd, name: Option<&OsStr>) -> PathBuf {
+    let mut path = format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()).into_bytes();
+    if let Some(name) = name {
+        path.push(b'/');
+        path.extend_from_slice(name.as_bytes());
+    }
+    PathBuf::from(OsString::from_vec(path))
+}
+
+/// Mounts a new FUSE connection on `point`'s directory, as fuser does for root, but
+/// on the directory held rather than on a path; returns the connection's `/dev/fuse`.
+fn mount_as_root(point: &MountPoint, options: &MountOptions) -> io::Result<OwnedFd> {
+    let device = rfs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+    let root_mode = rfs::fstat(&point.dir)?.st_mode;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id=0,group_id=0,subtype=ckptfs,default_permissions",
+        device.as_raw_fd(),
+        root_mode
+    );
+    if options.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
+    if options.read_only {
+        flags |= MountFlags::RDONLY;
+    }
+    let data = std::ffi::CString::new(data).map_err(io::Error::other)?;
+    rustix::mount::mount(
+        options.fsname.as_str(),
+        through_fd(&point.dir, None),
+        "fuse",
+        flags,
+        Some(data.as_c_str()),
+    )?;
+    Ok(device)
+}
+
+impl MountedAt {
+    /// Unmounts (`detach`: lazily) the mount its parent's descriptor and name lead to,
+    /// if that is still this one: never another mount put there since (after a lazy
+    /// detach of this one, say), and never through a symlink put in its name's place.
+    fn unmount(&self, detach: bool) -> io::Result<()> {
+        let Some(dev) = self.dev else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the mount point was renamed while it was mounted on; unmount it with \
+                 fusermount3 -u where it is now",
+            ));
+        };
+        if !is_mount_of(&self.parent, &self.name, Some(dev))? {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the mount point no longer holds this mount",
+            ));
+        }
+        let mut flags = UnmountFlags::NOFOLLOW;
+        if detach {
+            flags |= UnmountFlags::DETACH;
+        }
+        rustix::mount::unmount(through_fd(&self.parent, Some(&self.name)), flags)?;
+        Ok(())
+    }
+}
+
+/// Whether `name` in `parent` is a mount's root (of device `dev`, if given).
+fn is_mount_of(parent: impl AsFd, name: &OsStr, dev: Option<u64>) -> io::Result<bool> {
+    let (root, device) = mount_root_at(parent, name)?;
+    Ok(root && dev.is_none_or(|dev| dev == device))
+}
+
+/// Whether `name` in `parent` (never a symlink's target) is a mount's root, and the
+/// device of its filesystem. From what the kernel holds: asking for no attribute and
+/// not to sync sends a FUSE daemon no request (it may not serve yet, or be gone), and
+/// is answered for another user's FUSE mount too.
+fn mount_root_at(parent: impl AsFd, name: &OsStr) -> io::Result<(bool, u64)> {
+    let stat = rfs::statx(
+        parent,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC,
+        StatxFlags::empty(),
+    )?;
+    let root = stat
+        .stx_attributes_mask
+        .contains(StatxAttributes::MOUNT_ROOT)
+        && stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+    let device = rustix::fs::makedev(stat.stx_dev_major, stat.stx_dev_minor);
+    Ok((root, device))
 }
 
 /// The kernel reads ahead 128 KiB at a time in a FUSE file unless told otherwise
 /// (the init reply can only lower it): raise it to the largest read request, 1 MiB,
-/// so that a large file is read in eight times fewer requests. Only root may; others
-/// keep the kernel's default.
-fn widen_readahead(mountpoint: &Path) {
-    let Some(device) = mount_device(mountpoint) else {
-        return;
-    };
+/// so that a large file is read in eight times fewer requests. Only root may (and
+/// does, for the device of the mount it made); others keep the kernel's default.
+fn widen_readahead(dev: u64) {
+    let device = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
     let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
     if let Err(e) = std::fs::write(&knob, "1024") {
         tracing::debug!(knob, error = %e, "cannot widen the kernel's read-ahead");
     }
 }
 
-/// `MAJOR:MINOR` of the filesystem mounted on `mountpoint`, from
-/// `/proc/self/mountinfo` (a `stat` of the mount point would ask the session, which
-/// does not serve requests yet).
-fn mount_device(mountpoint: &Path) -> Option<String> {
-    let wanted = std::fs::canonicalize(mountpoint).ok()?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // The last mount on that point is ours: fields 3 and 5 are the device and the
-    // mount point (with spaces and the like octal-escaped).
-    mountinfo.lines().rev().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let (device, point) = (fields.get(2)?, fields.get(4)?);
-        (unescape_mountinfo(point) == wanted.as_os_str().as_encoded_bytes())
-            .then(|| device.to_string())
-    })
-}
-
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        match (bytes[i], octal) {
-            (b'\\', Some(digits)) => {
-                out.push(
-                    digits
-                        .iter()
-                        .fold(0u8, |n, d| n.wrapping_mul(8) + (d - b'0')),
-                );
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
 impl Session {
     /// A handle that unmounts this session, usable from any thread.
     pub fn unmounter(&mut self) -> Unmounter {
-        Unmounter {
-            unmounter: self.session.unmount_callable(),
+        match &self.at {
+            Some(at) => Unmounter::Root(Arc::clone(at)),
+            None => Unmounter::Fuser(self.session.unmount_callable()),
         }
     }
 
@@ -154,21 +312,36 @@ impl Session {
 }
 
 impl Unmounter {
-    /// Unmounts; a second call does nothing.
+    /// Unmounts; fails while the mount is in use.
     pub fn unmount(&mut self) -> io::Result<()> {
-        self.unmounter.unmount()
+        match self {
+            Unmounter::Fuser(unmounter) => unmounter.unmount(),
+            Unmounter::Root(at) => at.unmount(false),
+        }
+    }
+
+    /// Lazily detaches the mount (`umount -l`): it leaves the directory tree at once,
+    /// and the kernel ends it when the last process using it lets go. Returns how.
+    pub fn detach(&mut self, mountpoint: &Path) -> Result<&'static str, String> {
+        match self {
+            Unmounter::Fuser(_) => detach(mountpoint),
+            Unmounter::Root(at) => at
+                .unmount(true)
+                .map(|()| "umount2(MNT_DETACH)")
+                .map_err(|e| format!("umount2: {e}")),
+        }
     }
 }
 
 /// Lazily detaches the mount on `mountpoint` (`umount -l`): it leaves the directory
 /// tree at once, and the kernel ends it when the last process using it lets go. With
-/// `umount2(MNT_DETACH)` where the caller may unmount (root), else with `fusermount3
-/// -u -z` (the mount's owner). Returns which one worked.
+/// `umount2(MNT_DETACH)` where the caller may unmount (root), on the mount that the
+/// path's parent, opened once, and its name lead to, not through a symlink; else with
+/// `fusermount3 -u -z` (the mount's owner). Returns which one worked.
 pub fn detach(mountpoint: &Path) -> Result<&'static str, String> {
-    let umount_error = match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
-    {
+    let umount_error = match detach_as_root(mountpoint) {
         Ok(()) => return Ok("umount2(MNT_DETACH)"),
-        Err(e) => io::Error::from(e),
+        Err(e) => e,
     };
     let fusermount = Command::new("fusermount3")
         .args(["-u", "-z"])
@@ -185,4 +358,22 @@ pub fn detach(mountpoint: &Path) -> Result<&'static str, String> {
         )),
         Err(e) => Err(format!("umount2: {umount_error}; fusermount3: {e}")),
     }
+}
+
+fn detach_as_root(mountpoint: &Path) -> io::Result<()> {
+    let resolved = std::fs::canonicalize(mountpoint)?;
+    let (Some(parent), Some(name)) = (resolved.parent(), resolved.file_name()) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let parent = rfs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if !is_mount_of(&parent, name, None)? {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let flags = UnmountFlags::DETACH | UnmountFlags::NOFOLLOW;
+    rustix::mount::unmount(through_fd(&parent, Some(name)), flags)?;
+    Ok(())
 }

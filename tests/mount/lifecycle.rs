@@ -202,3 +202,121 @@ fn a_mount_that_cannot_happen_fails_with_one_line() {
         );
     }
 }
+
+/// Unmounts a tmpfs on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn on(dir: &Path) -> Tmpfs {
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "ckptfs-test-tmpfs"])
+            .arg(dir))
+        .success();
+        fs::write(dir.join("kept"), b"kept\n").unwrap();
+        Tmpfs(dir.to_owned())
+    }
+
+    fn still_mounted(&self) -> bool {
+        mount_entry(&self.0).is_some() && fs::read(self.0.join("kept")).is_ok()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The daemon pid in `ckptfs mount`'s line.
+fn daemon_pid_of(out: &crate::util::Output) -> u32 {
+    let line = out.one_line_error();
+    line.split_once("daemon pid ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon pid in {line:?}"))
+}
+
+/// Whether process `pid` is gone within 10 s.
+fn gone_soon(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_gone(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// A root daemon unmounts its own mount, never what the mount point's path leads to
+/// at the time: a user who can write a directory above the mount point moved it away
+/// and put a symlink to another mount in its place (its SIGTERM then unmounted that
+/// mount, a tmpfs here, and left its own); and after an administrator's `umount -l`
+/// and a new mount on the same directory, the old daemon's exit took the new mount
+/// down with it.
+#[test]
+fn a_root_daemon_unmounts_its_own_mount_and_nothing_else() {
+    use crate::util::users::{as_nobody, nobodys_dir, shared_temp_dir};
+    let store = TestStore::local();
+    let work = shared_temp_dir("ckptfs-unmount-");
+    make_small_tree(&work.path().join("src"), "own");
+    store.put(&work.path().join("src"), &[]);
+    let victim_dir = work.path().join("victim");
+    fs::create_dir(&victim_dir).unwrap();
+    let victim = Tmpfs::on(&victim_dir);
+
+    let home = work.path().join("home");
+    nobodys_dir(&home);
+    run(as_nobody().args(["mkdir", "-p"]).arg(home.join("sub/ckpt"))).success();
+    let _unmount = LazyUnmount(home.join("sub.moved/ckpt"));
+    let out = run(ckptfs()
+        .arg("mount")
+        .arg(store.url())
+        .arg(home.join("sub/ckpt"))
+        .arg("--cache-dir")
+        .arg(work.path().join("cache1")))
+    .success();
+    let pid = daemon_pid_of(&out);
+    let swap = format!(
+        "mv {home}/sub {home}/sub.moved && mkdir {home}/sub && ln -s {victim} {home}/sub/ckpt",
+        home = home.display(),
+        victim = victim_dir.display()
+    );
+    run(as_nobody().args(["sh", "-c", &swap])).success();
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) }, 0);
+    let gone = gone_soon(pid);
+    assert!(
+        victim.still_mounted(),
+        "the daemon's stop unmounted the tmpfs"
+    );
+    assert!(gone, "the daemon still runs after SIGTERM");
+    assert!(mount_entry(&home.join("sub.moved/ckpt")).is_none());
+
+    // Detached by hand while in use, a tmpfs mounted in its place: the old daemon
+    // exits when the last user leaves, and the tmpfs stays.
+    let mnt = work.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = run(ckptfs()
+        .arg("mount")
+        .arg(store.url())
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(work.path().join("cache2")))
+    .success();
+    let pid = daemon_pid_of(&out);
+    let mut user = Command::new("sleep")
+        .arg("600")
+        .current_dir(mnt.join("latest"))
+        .spawn()
+        .unwrap();
+    run(Command::new("umount").arg("-l").arg(&mnt)).success();
+    let replacement = Tmpfs::on(&mnt);
+    user.kill().unwrap();
+    user.wait().unwrap();
+    assert!(gone_soon(pid), "the old daemon still runs");
+    assert!(
+        replacement.still_mounted(),
+        "the old daemon's exit unmounted the tmpfs"
+    );
+}
