@@ -13,7 +13,11 @@
 //! Whoever can write OUTDIR (its owner, when root makes the report) must not be able
 //! to steer the report's writes, renames, deletions or reads elsewhere: every file is
 //! reached through descriptors of OUTDIR and its two folders ([`OutDir`]), one name at
-//! a time, never through a symlink, and the folders must be the user's own.
+//! a time, never through a symlink, and the folders must be the user's own. Nor may
+//! they put words in a page: what a run reuses (a body and the counts the manifest
+//! gives it) is taken only if it carries a MAC under a key kept in the user's cache
+//! directory ([`Signer`]), which no one else can read; files of the user's own are not
+//! enough, since root's `get` makes files owned by root with anyone's contents.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
@@ -41,8 +45,8 @@ const STATE: &str = ".ckptfs-report";
 const MANIFEST: &str = "manifest.json";
 const TURNS: &str = "turns";
 const INDEX: &str = "index.html";
-/// Bumped when the pages' bodies change shape.
-const FORMAT: u32 = 2;
+/// Bumped when the pages' bodies or the manifest change shape.
+const FORMAT: u32 = 3;
 
 #[derive(Serialize, Deserialize, Default)]
 struct Manifest {
@@ -57,6 +61,107 @@ struct Computed {
     /// The sha256 the turn was compared with.
     base: Option<String>,
     stats: TurnStats,
+    /// [`Signer::sign`] of the turn, its base, its counts and its body.
+    mac: String,
+}
+
+/// Signs what a report keeps for later runs, with a key of 32 random bytes kept in the
+/// user's cache directory (`report.key`, 0600), which [`crate::cache::CacheDir`]
+/// makes sure no one else can write or swap.
+struct Signer {
+    key: [u8; 32],
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+impl Signer {
+    /// The key kept in the cache directory (`--cache-dir`, else the default one),
+    /// made on first use; a key of this run alone if there is no such directory.
+    fn open(cache_dir: Option<&Path>) -> Result<Signer> {
+        const KEY: &str = "report.key";
+        let dir = match super::cache_dir(cache_dir) {
+            Ok(dir) => dir,
+            Err(e) => {
+                say::note!("no cache directory ({e:#}): nothing is reused from an earlier report");
+                return Ok(Signer { key: random_key()? });
+            }
+        };
+        let shown = dir.path().display();
+        let dir = rfs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| format!("cannot open the cache directory {shown}"))?;
+        if let Some(bytes) = beneath::read_own_file_at(&dir, OsStr::new(KEY), 32)
+            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
+        {
+            return Ok(Signer { key });
+        }
+        let key = random_key()?;
+        beneath::replace_file_at(&dir, KEY, &key, 0o600)
+            .with_context(|| format!("cannot keep the report's key in {shown}"))?;
+        Ok(Signer { key })
+    }
+
+    fn mac(
+        &self,
+        turn: &str,
+        computed_base: Option<&str>,
+        stats: &TurnStats,
+        body: &[u8],
+    ) -> HmacSha256 {
+        use hmac::Mac as _;
+        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes any key");
+        let stats = serde_json::to_vec(stats).expect("counts serialise");
+        // Each part's length first: no two different inputs give the same bytes.
+        for part in [
+            turn.as_bytes(),
+            computed_base.unwrap_or("first").as_bytes(),
+            &stats,
+            body,
+        ] {
+            mac.update(&(part.len() as u64).to_le_bytes());
+            mac.update(part);
+        }
+        mac
+    }
+
+    fn sign(&self, turn: &str, base: Option<&str>, stats: &TurnStats, body: &[u8]) -> String {
+        use hmac::Mac as _;
+        let tag = self.mac(turn, base, stats, body).finalize().into_bytes();
+        tag.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `computed`'s MAC is that of `turn` and `body` (in constant time).
+    fn verifies(&self, turn: &str, computed: &Computed, body: &[u8]) -> bool {
+        use hmac::Mac as _;
+        let Some(tag) = hex_bytes(&computed.mac) else {
+            return false;
+        };
+        self.mac(turn, computed.base.as_deref(), &computed.stats, body)
+            .verify_slice(&tag)
+            .is_ok()
+    }
+}
+
+fn random_key() -> Result<[u8; 32]> {
+    use std::io::Read as _;
+    let mut key = [0u8; 32];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut key))
+        .context("cannot read /dev/urandom")?;
+    Ok(key)
+}
+
+fn hex_bytes(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// One turn as the pages show it.
@@ -77,6 +182,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
     let listed = session.by_id();
     let shown = chosen(&session, args, &parents, &listed)?;
     let outdir = OutDir::prepare(&args.outdir)?;
+    let signer = Signer::open(args.review.cache_dir.as_deref())?;
     let mut manifest = outdir.read_manifest();
     let started = SystemTime::now();
     let mut budget = PatchBudget::default();
@@ -104,7 +210,7 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
         let earlier = manifest
             .turns
             .get(key)
-            .filter(|c| c.base == base_id && outdir.has_body(&info.id, base))
+            .filter(|c| c.base == base_id && outdir.body_verifies(&signer, &info.id, base, c))
             .cloned();
         let outcome = match earlier {
             Some(earlier) => match session.verify(info) {
@@ -123,11 +229,14 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
                     // with, then the manifest: a run that stops between the two
                     // leaves nothing that a later run would take for another pair.
                     outdir.write_body(&info.id, base, body.html.as_bytes())?;
+                    let mac =
+                        signer.sign(key, base_id.as_deref(), &body.stats, body.html.as_bytes());
                     manifest.turns.insert(
                         key.to_owned(),
                         Computed {
                             base: base_id,
                             stats: body.stats,
+                            mac,
                         },
                     );
                     outdir.write_manifest(&manifest)?;
@@ -153,7 +262,11 @@ pub(super) fn run(cli: &Cli, args: &ReportArgs) -> Result<i32> {
     outdir.write_manifest(&manifest)?;
     let when = Verified { started, finished };
     for (i, row) in rows.iter().enumerate() {
-        let page = turn_page(&outdir, &rows, i, &when)?;
+        let body = match &row.outcome {
+            Ok(_) => Some(outdir.read_body(&signer, &row.info.id, row.base, &manifest)?),
+            Err(_) => None,
+        };
+        let page = turn_page(&rows, i, &when, body.as_deref())?;
         outdir.write(&outdir.turns, &turn_name(&row.info.id), page.as_bytes())?;
     }
     let index = index_page(&args.store, &rows, &when);
@@ -325,8 +438,17 @@ impl OutDir {
         }
     }
 
-    fn has_body(&self, id: &CheckpointId, base: Option<&CheckpointInfo>) -> bool {
-        beneath::is_own_file_at(&self.state, OsStr::new(&body_name(id, base)))
+    /// Whether the body of `id` against `base` is there, as a run signed it with
+    /// `computed`'s counts.
+    fn body_verifies(
+        &self,
+        signer: &Signer,
+        id: &CheckpointId,
+        base: Option<&CheckpointInfo>,
+        computed: &Computed,
+    ) -> bool {
+        beneath::read_own_file_at(&self.state, OsStr::new(&body_name(id, base)), LARGEST)
+            .is_some_and(|body| signer.verifies(id.as_str(), computed, &body))
     }
 
     fn write_body(
@@ -338,15 +460,36 @@ impl OutDir {
         self.write(&self.state, &body_name(id, base), html)
     }
 
-    fn read_body(&self, id: &CheckpointId, base: Option<&CheckpointInfo>) -> Result<String> {
+    /// The body of `id` against `base` for its page, checked again against the MAC
+    /// the manifest holds for it (whoever can write OUTDIR could have replaced it
+    /// since it was written or checked).
+    fn read_body(
+        &self,
+        signer: &Signer,
+        id: &CheckpointId,
+        base: Option<&CheckpointInfo>,
+        manifest: &Manifest,
+    ) -> Result<String> {
         let name = body_name(id, base);
+        let shown = self.shown(&self.state, &name);
         let bytes = beneath::read_own_file_at(&self.state, OsStr::new(&name), LARGEST)
             .with_context(|| {
                 format!(
                     "cannot read {} (not a file of this user, or gone)",
-                    self.shown(&self.state, &name).display()
+                    shown.display()
                 )
             })?;
+        let signed = manifest
+            .turns
+            .get(id.as_str())
+            .is_some_and(|computed| signer.verifies(id.as_str(), computed, &bytes));
+        if !signed {
+            bail!(
+                "{} changed while the report was being made (it is not what this run \
+                 wrote or checked); make the report again",
+                shown.display()
+            );
+        }
         String::from_utf8(bytes).with_context(|| format!("{name} is not text"))
     }
 
@@ -505,7 +648,8 @@ fn compared_briefly(row: &Row<'_>) -> String {
     )
 }
 
-fn turn_page(outdir: &OutDir, rows: &[Row<'_>], i: usize, when: &Verified) -> Result<String> {
+/// The page of turn `i`, with `body`, its diff, when it verified.
+fn turn_page(rows: &[Row<'_>], i: usize, when: &Verified, body: Option<&str>) -> Result<String> {
     let row = &rows[i];
     let id = &row.info.id;
     let mut out = page_start(&format!("turn {} · ckptfs report", id.short()));
@@ -556,7 +700,7 @@ fn turn_page(outdir: &OutDir, rows: &[Row<'_>], i: usize, when: &Verified) -> Re
                 time(when.started),
                 time(when.finished)
             );
-            out.push_str(&outdir.read_body(id, row.base)?);
+            out.push_str(body.expect("a body for every turn that verified"));
         }
         Err(reason) => {
             let _ = write!(

@@ -127,3 +127,50 @@ fn a_report_directory_another_user_writes_cannot_steer_the_report() {
     let page = std::fs::read(out.join("turns").join(format!("{sha}.html"))).unwrap();
     assert!(!String::from_utf8_lossy(&page).contains("ROOT-ONLY-SECRET"));
 }
+
+/// A report reuses a page body and its counts only if this user's key signed them:
+/// files of root's with anyone's contents are easy to come by (root's `get` of an
+/// archive gives its files their archived owner, root included), so a `.ckptfs-report/`
+/// moved into OUTDIR by whoever can write it could put words in root's report (a
+/// forged body and counts were shown as the turn's, before the signatures).
+#[test]
+fn a_report_reuses_only_what_it_signed() {
+    let store = TestStore::local();
+    let work = temp_dir();
+    let tree = work.path().join("w");
+    write_file(&tree.join("a.txt"), b"one\n", 0o644);
+    store.put(&tree, &[]);
+    std::thread::sleep(Duration::from_millis(1100));
+    write_file(&tree.join("a.txt"), b"two\n", 0o644);
+    let second = store.put(&tree, &[]).0;
+    let out = work.path().join("out");
+    store.cmd("report", [&out]).success();
+
+    // Forged as a `get` into a directory of the forger's would leave them, root's.
+    let state = out.join(".ckptfs-report");
+    let manifest_path = state.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let turn = &mut manifest["turns"][&second];
+    turn["stats"]["files"] = serde_json::json!(999_999);
+    let base = turn["base"].as_str().unwrap_or("first").to_owned();
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    std::fs::write(
+        state.join(format!("{second}.{base}.html")),
+        "<h1>FORGED: nothing changed</h1>",
+    )
+    .unwrap();
+
+    let again = store.cmd("report", [&out]).success();
+    assert!(
+        again.stderr.contains("(2 turns: 1 computed, 1 taken"),
+        "{again}"
+    );
+    let page = std::fs::read_to_string(out.join("turns").join(format!("{second}.html"))).unwrap();
+    assert!(!page.contains("FORGED"), "{page}");
+    let index = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(
+        !index.contains("999,999") && !index.contains("999999"),
+        "{index}"
+    );
+}
