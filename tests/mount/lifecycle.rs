@@ -320,3 +320,86 @@ fn a_root_daemon_unmounts_its_own_mount_and_nothing_else() {
         "the old daemon's exit unmounted the tmpfs"
     );
 }
+
+/// A root daemon mounts on the very directory it checked: with the mount point's name
+/// swapped in a loop (`renameat2` exchange) between an empty directory and a symlink
+/// to a directory that is not empty, a start checked one and mounted on the other
+/// (7 and 8 of 30 starts landed on the non-empty directory, hiding it, before the
+/// daemon held the directory from its check to its mount). A race: correct code never
+/// lands there; the old code would miss it in all 30 starts about twice in 10,000 runs.
+#[test]
+fn a_root_daemon_mounts_on_the_directory_it_checked() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let store = TestStore::local();
+    let work = repo_temp_dir("swap-");
+    make_small_tree(&work.path().join("src"), "swap");
+    store.put(&work.path().join("src"), &[]);
+    let victim = work.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("config"), b"root's\n").unwrap();
+    let (m, alt) = (work.path().join("m"), work.path().join("m_alt"));
+    fs::create_dir(&m).unwrap();
+    std::os::unix::fs::symlink(&victim, &alt).unwrap();
+
+    let (stop, paused) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let swapper = {
+        let (stop, paused) = (Arc::clone(&stop), Arc::clone(&paused));
+        let a = CString::new(m.as_os_str().as_bytes()).unwrap();
+        let b = CString::new(alt.as_os_str().as_bytes()).unwrap();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if paused.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                // SAFETY: two valid C strings; renameat2 has no other preconditions.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_renameat2,
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    );
+                }
+            }
+        })
+    };
+    let mut on_victim = 0;
+    for attempt in 0..30 {
+        let out = run(ckptfs()
+            .arg("mount")
+            .arg(store.url())
+            .arg(&m)
+            .arg("--cache-dir")
+            .arg(work.path().join(format!("cache{attempt}"))));
+        paused.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+        if mount_entry(&victim).is_some() {
+            on_victim += 1;
+            let _ = Command::new("umount").arg("-l").arg(&victim).status();
+        }
+        for point in [&m, &alt] {
+            if mount_entry(point).is_some() {
+                let _ = Command::new("umount").arg("-l").arg(point).status();
+            }
+        }
+        if out.status.success() {
+            let pid = daemon_pid_of(&out);
+            assert!(gone_soon(pid), "daemon {pid} still runs after its unmount");
+        }
+        paused.store(false, Ordering::Relaxed);
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert_eq!(on_victim, 0, "mounted over the non-empty directory");
+    assert_eq!(fs::read(victim.join("config")).unwrap(), b"root's\n");
+}
