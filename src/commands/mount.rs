@@ -324,30 +324,23 @@ fn next_listing_in(every: Duration, took: Duration) -> Duration {
     every.max(Duration::from_millis(200)).max(took * 9)
 }
 
-/// If `mountpoint` is a FUSE mount whose daemon is gone (ENOTCONN), detaches it:
-/// `umount2(MNT_DETACH)` where the daemon may unmount (root), else `fusermount3 -u -z`
-/// (the mount's owner). Anything else at the mount point is left for the mount to
-/// judge. The probe is `statfs`, which the kernel always asks the daemon: a `stat`
-/// of the mount's root can still answer from the attribute cache for a moment after
-/// the daemon died.
+/// If `mountpoint` is a FUSE mount whose daemon is gone (ENOTCONN), detaches it (see
+/// [`mount::detach_if_dead`]). Anything else at the mount point is left for the mount
+/// to judge.
 fn detach_dead_mount(mountpoint: &Path) -> Result<()> {
-    // A connection the kernel aborted answers ECONNABORTED instead.
-    match rustix::fs::statfs(mountpoint) {
-        Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED) => {}
-        _ => return Ok(()),
+    let shown = mountpoint.display();
+    match mount::detach_if_dead(mountpoint) {
+        Ok(None) => Ok(()),
+        Ok(Some(how)) => {
+            tracing::warn!(
+                mountpoint = %shown,
+                with = how,
+                "the mount point was a dead FUSE mount (its daemon was killed): detached the dead mount"
+            );
+            Ok(())
+        }
+        Err(e) => bail!("cannot detach the dead mount on {shown}: {e}"),
     }
-    tracing::warn!(
-        mountpoint = %mountpoint.display(),
-        "the mount point is a dead FUSE mount (its daemon was killed); detaching it"
-    );
-    let how = mount::detach(mountpoint).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot detach the dead mount on {}: {e}",
-            mountpoint.display()
-        )
-    })?;
-    tracing::info!(mountpoint = %mountpoint.display(), with = how, "detached the dead mount");
-    Ok(())
 }
 
 /// In the daemon: tells the waiting parent that the mount is up.

@@ -134,19 +134,8 @@ impl MountPoint {
     /// checks it: a directory, not a mount's root, empty. The mount goes on this very
     /// directory whatever its path holds later.
     pub fn open(path: &Path) -> io::Result<MountPoint> {
-        let resolved = std::fs::canonicalize(path)?;
-        let (Some(parent), Some(name)) = (resolved.parent(), resolved.file_name()) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "cannot mount on /",
-            ));
-        };
-        let parent = rfs::open(
-            parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let dir = crate::beneath::open_dir(&parent, name)?;
+        let (parent, name) = open_parent(path)?;
+        let dir = crate::beneath::open_dir(&parent, &name)?;
         let stat = rfs::statx(
             &dir,
             "",
@@ -169,11 +158,7 @@ impl MountPoint {
                 "the mount point is not empty",
             ));
         }
-        Ok(MountPoint {
-            parent,
-            name: name.to_owned(),
-            dir,
-        })
+        Ok(MountPoint { parent, name, dir })
     }
 
     /// Where the mount on this directory now is, with its filesystem's device: none
@@ -333,16 +318,9 @@ impl Unmounter {
     }
 }
 
-/// Lazily detaches the mount on `mountpoint` (`umount -l`): it leaves the directory
-/// tree at once, and the kernel ends it when the last process using it lets go. With
-/// `umount2(MNT_DETACH)` where the caller may unmount (root), on the mount that the
-/// path's parent, opened once, and its name lead to, not through a symlink; else with
-/// `fusermount3 -u -z` (the mount's owner). Returns which one worked.
+/// Lazily detaches the mount on `mountpoint` (`umount -l`) with `fusermount3 -u -z`,
+/// which lets a user touch only their own mounts: for daemons that are not root.
 pub fn detach(mountpoint: &Path) -> Result<&'static str, String> {
-    let umount_error = match detach_as_root(mountpoint) {
-        Ok(()) => return Ok("umount2(MNT_DETACH)"),
-        Err(e) => e,
-    };
     let fusermount = Command::new("fusermount3")
         .args(["-u", "-z"])
         .arg(mountpoint)
@@ -353,27 +331,91 @@ pub fn detach(mountpoint: &Path) -> Result<&'static str, String> {
     match fusermount {
         Ok(out) if out.status.success() => Ok("fusermount3 -u -z"),
         Ok(out) => Err(format!(
-            "umount2: {umount_error}; fusermount3 -u -z: {}",
+            "fusermount3 -u -z: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )),
-        Err(e) => Err(format!("umount2: {umount_error}; fusermount3: {e}")),
+        Err(e) => Err(format!("fusermount3: {e}")),
     }
 }
 
-fn detach_as_root(mountpoint: &Path) -> io::Result<()> {
-    let resolved = std::fs::canonicalize(mountpoint)?;
-    let (Some(parent), Some(name)) = (resolved.parent(), resolved.file_name()) else {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+/// If `mountpoint` is a FUSE mount whose daemon is gone, detaches it lazily and says
+/// how; `None` if it is not one. The probe is `statfs`, which the kernel always asks
+/// the daemon (ENOTCONN, or ECONNABORTED for a connection it aborted): a `stat` of the
+/// mount's root can still answer from the attribute cache for a moment after the
+/// daemon died. As root, the mount probed is the one the path's parent, opened once,
+/// and its name lead to, and the mount detached is that same one (same device, never
+/// through a symlink): a user who can write a directory above the mount point cannot
+/// swap in a path to another mount between the two. Others go through `fusermount3`.
+pub fn detach_if_dead(mountpoint: &Path) -> Result<Option<&'static str>, String> {
+    let dead = |e: rustix::io::Errno| {
+        matches!(
+            e,
+            rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED
+        )
+    };
+    if !rustix::process::geteuid().is_root() {
+        return match rustix::fs::statfs(mountpoint) {
+            Err(e) if dead(e) => detach(mountpoint).map(Some),
+            _ => Ok(None),
+        };
+    }
+    let Ok((parent, name)) = open_parent(mountpoint) else {
+        return Ok(None);
+    };
+    let Ok(root) = rfs::openat(
+        &parent,
+        name.as_os_str(),
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(None);
+    };
+    match rfs::fstatfs(&root) {
+        Err(e) if dead(e) => {}
+        _ => return Ok(None),
+    }
+    let device = rfs::statx(
+        &root,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        StatxFlags::empty(),
+    )
+    .map(|stat| rustix::fs::makedev(stat.stx_dev_major, stat.stx_dev_minor))
+    .map_err(|e| format!("statx: {e}"))?;
+    if !is_mount_of(&parent, &name, Some(device)).map_err(|e| format!("statx: {e}"))? {
+        return Err("the mount point changed while it was being checked".into());
+    }
+    let flags = UnmountFlags::DETACH | UnmountFlags::NOFOLLOW;
+    rustix::mount::unmount(through_fd(&parent, Some(&name)), flags)
+        .map_err(|e| format!("umount2: {e}"))?;
+    Ok(Some("umount2(MNT_DETACH)"))
+}
+
+/// The directory that holds `path` (links on the way followed, once) and the name of
+/// `path` in it; a path ending in `.` or `..` is resolved whole first.
+fn open_parent(path: &Path) -> io::Result<(OwnedFd, OsString)> {
+    let resolved;
+    let path = match path.file_name() {
+        Some(_) => path,
+        None => {
+            resolved = std::fs::canonicalize(path)?;
+            &resolved
+        }
+    };
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => (parent, name),
+        (_, Some(name)) => (Path::new("."), name),
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a directory's entry",
+            ));
+        }
     };
     let parent = rfs::open(
         parent,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    if !is_mount_of(&parent, name, None)? {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let flags = UnmountFlags::DETACH | UnmountFlags::NOFOLLOW;
-    rustix::mount::unmount(through_fd(&parent, Some(name)), flags)?;
-    Ok(())
+    Ok((parent, name.to_owned()))
 }

@@ -229,7 +229,11 @@ impl Drop for Tmpfs {
 
 /// The daemon pid in `ckptfs mount`'s line.
 fn daemon_pid_of(out: &crate::util::Output) -> u32 {
-    let line = out.one_line_error();
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("mounted "))
+        .unwrap_or_else(|| panic!("no `mounted` line: {out}"));
     line.split_once("daemon pid ")
         .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
@@ -402,4 +406,94 @@ fn a_root_daemon_mounts_on_the_directory_it_checked() {
     swapper.join().unwrap();
     assert_eq!(on_victim, 0, "mounted over the non-empty directory");
     assert_eq!(fs::read(victim.join("config")).unwrap(), b"root's\n");
+}
+
+/// A root daemon started on a dead mount detaches that mount and no other: with the
+/// path to it exchanged in a loop with a path to a live mount (two symlinks swapped by
+/// `renameat2`), a start probed the dead mount by one resolution of the path and
+/// detached what another resolution led to (the thirteenth review's tmpfs, at the
+/// third and fifth tries). A race: correct code never detaches the live mount.
+#[test]
+fn a_root_daemon_detaches_the_dead_mount_it_probed_and_no_other() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let store = TestStore::local();
+    let work = repo_temp_dir("dead-swap-");
+    make_small_tree(&work.path().join("src"), "dead");
+    store.put(&work.path().join("src"), &[]);
+    let (dead_home, live_home) = (work.path().join("A"), work.path().join("T"));
+    fs::create_dir_all(dead_home.join("shm")).unwrap();
+    fs::create_dir_all(live_home.join("shm")).unwrap();
+    let live = Tmpfs::on(&live_home.join("shm"));
+    let (x, y) = (work.path().join("x"), work.path().join("y"));
+    std::os::unix::fs::symlink(&dead_home, &x).unwrap();
+    std::os::unix::fs::symlink(&live_home, &y).unwrap();
+    let dead_point = dead_home.join("shm");
+    let _unmount = LazyUnmount(dead_point.clone());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let paused = Arc::new(AtomicBool::new(true));
+    let swapper = {
+        let (stop, paused) = (Arc::clone(&stop), Arc::clone(&paused));
+        let a = CString::new(x.as_os_str().as_bytes()).unwrap();
+        let b = CString::new(y.as_os_str().as_bytes()).unwrap();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if paused.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                // SAFETY: two valid C strings; renameat2 has no other preconditions.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_renameat2,
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    );
+                }
+            }
+        })
+    };
+    for attempt in 0..20 {
+        // A dead mount on A/shm: a daemon killed.
+        let out = run(ckptfs()
+            .arg("mount")
+            .arg(store.url())
+            .arg(&dead_point)
+            .arg("--cache-dir")
+            .arg(work.path().join(format!("dead{attempt}"))))
+        .success();
+        let pid = daemon_pid_of(&out);
+        // SAFETY: kill has no memory-safety preconditions.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+        assert!(gone_soon(pid));
+        paused.store(false, Ordering::Relaxed);
+        let out = run(ckptfs()
+            .arg("mount")
+            .arg(store.url())
+            .arg(x.join("shm"))
+            .arg("--cache-dir")
+            .arg(work.path().join(format!("again{attempt}"))));
+        paused.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(
+            live.still_mounted(),
+            "attempt {attempt} detached the live mount: {out}"
+        );
+        if out.status.success() {
+            // SAFETY: as above.
+            unsafe { libc::kill(daemon_pid_of(&out) as libc::pid_t, libc::SIGKILL) };
+        }
+        while mount_entry(&dead_point).is_some() {
+            run(Command::new("umount").arg("-l").arg(&dead_point)).success();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
 }
