@@ -125,6 +125,9 @@ impl FileStamp {
 pub struct UnreadFile {
     pub stamp: FileStamp,
     pub path: Vec<u8>,
+    /// The owner, group and mode its header gives: a file read again later must have
+    /// the same (see `TreeFiles` in the writer).
+    pub ids_and_mode: (u32, u32, u32),
 }
 
 /// What the capture before of the same tree recorded (see the module comment), and

@@ -472,6 +472,7 @@ impl Walk {
                 tee.write_unread(UnreadFile {
                     stamp,
                     path: path.to_vec(),
+                    ids_and_mode: ids_and_mode(&stat),
                 })
             }
             _ => {
@@ -527,10 +528,16 @@ fn stamp(stat: &rfs::Stat) -> Option<FileStamp> {
     })
 }
 
+/// What a header says of a file's owner, group and mode.
+fn ids_and_mode(stat: &rfs::Stat) -> (u32, u32, u32) {
+    (stat.st_uid, stat.st_gid, stat.st_mode & 0o7777)
+}
+
 /// The tree's files, opened again by path when contents left unread are needed after
 /// all: each directory beneath the root without following links, the file with
 /// `O_NOFOLLOW`, so that nothing outside the tree is read. A file that is no longer
-/// the stamped one is read all the same (the member is then not recorded).
+/// the stamped one is read all the same (the member is then not recorded), if its
+/// header still describes it: same owner, group and mode.
 struct TreeFiles {
     root: std::os::fd::OwnedFd,
 }
@@ -565,6 +572,15 @@ impl UnreadSource for TreeFiles {
         if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
             return Err(io::Error::other(format!(
                 "{shown} changed type while it was being archived"
+            )));
+        }
+        // Its header is written already: the bytes of a file of another owner, group
+        // or mode would go out under it (a writer of the tree could exchange their file
+        // for one only root may read, and have root's put store that under theirs).
+        if ids_and_mode(&stat) != file.ids_and_mode {
+            return Err(io::Error::other(format!(
+                "{shown} was replaced by a file of another owner, group or mode while it \
+                 was being archived; put the tree again"
             )));
         }
         let start = out.len();

@@ -538,9 +538,15 @@ fn unread_contents_are_read_again_only_from_the_stamped_inode() {
     let files = TreeFiles {
         root: dir_fd(dir.path()),
     };
+    let meta = fs::metadata(&path).unwrap();
     let unread = |stamp| UnreadFile {
         stamp,
         path: b"sub/f".to_vec(),
+        ids_and_mode: (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            std::os::unix::fs::MetadataExt::gid(&meta),
+            std::os::unix::fs::MetadataExt::mode(&meta) & 0o7777,
+        ),
     };
     let stamped = stamp(&rfs::stat(&path).unwrap()).unwrap();
     let mut out = b"head".to_vec();
@@ -564,6 +570,24 @@ fn unread_contents_are_read_again_only_from_the_stamped_inode() {
     let mut out = Vec::new();
     assert!(!files.read_at(&unread(stamped), 0, 3, &mut out).unwrap());
     assert_eq!(out, b"012");
+    // Another file of another mode (one only its owner may read, exchanged for the
+    // stamped one): refused, its bytes would go out under the other's header.
+    let private = dir.path().join("sub/private");
+    fs::write(&private, b"SECRET7890").unwrap();
+    fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    fs::rename(&private, &path).unwrap();
+    let err = files
+        .read_at(&unread(stamped), 0, 3, &mut Vec::new())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("another owner, group or mode"),
+        "{err}"
+    );
     // Something else than a file, or a symlink on the way: refused.
     fs::remove_file(&path).unwrap();
     fs::create_dir(&path).unwrap();
