@@ -174,3 +174,26 @@ fn a_report_reuses_only_what_it_signed() {
         "{index}"
     );
 }
+
+/// `ckptfs man --out-dir DIR` replaces what it finds under a page's name, a symlink
+/// included, rather than writing through it (root's run truncated and overwrote a
+/// 0600 file of root's that another user had linked there as `ckptfs-put.1`).
+#[test]
+fn man_pages_are_never_written_through_a_link() {
+    let work = temp_dir();
+    let victim = work.path().join("victim.conf");
+    std::fs::write(&victim, b"root's own\n").unwrap();
+    let pages = work.path().join("man");
+    std::fs::create_dir(&pages).unwrap();
+    std::os::unix::fs::symlink(&victim, pages.join("ckptfs-put.1")).unwrap();
+    crate::util::run(ckptfs().args(["man", "--out-dir"]).arg(&pages)).success();
+    assert!(
+        std::fs::read(&victim).unwrap() == b"root's own\n",
+        "the linked file was written through"
+    );
+    let page = std::fs::symlink_metadata(pages.join("ckptfs-put.1")).unwrap();
+    assert!(page.is_file());
+    let text = std::fs::read_to_string(pages.join("ckptfs-put.1")).unwrap();
+    assert!(text.contains(".TH ckptfs-put 1"), "{text}");
+    assert!(pages.join("ckptfs.1").is_file());
+}
