@@ -437,15 +437,25 @@ pub(crate) fn is_open(root: &Node) -> bool {
 
 /// Whether process `pid` has `gid` among its supplementary groups.
 fn in_group(pid: u32, gid: u32) -> bool {
+    supplementary_groups(pid).is_some_and(|groups| groups.contains(&gid))
+}
+
+/// The supplementary groups of process `pid` (`Groups:` of `/proc/PID/status`), or
+/// `None` when they cannot be known (pid 0: a caller in another PID namespace).
+pub(crate) fn supplementary_groups(pid: u32) -> Option<Vec<u32>> {
     if pid == 0 {
-        return false;
+        return None;
     }
-    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("Groups:"))
-            .is_some_and(|groups| groups.split_whitespace().any(|g| g == gid.to_string()))
-    })
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let groups = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Groups:"))?;
+    Some(
+        groups
+            .split_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+    )
 }
 
 /// The permission bits the mount shows for `node` of a checkpoint whose own directory

@@ -145,6 +145,7 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 

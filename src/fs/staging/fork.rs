@@ -239,9 +239,12 @@ impl StagingTree {
 /// Whether `caller` could copy every entry of `index` through the mount, as `cp -a`
 /// run by that user would: list and search every directory, read every file, under
 /// the owners the mount shows (`shown`, or each entry's own) and the entries' modes.
-/// Root may. The class of bits is chosen as the kernel chooses it, by the caller's
-/// user and primary group only: a FUSE request does not carry supplementary groups,
-/// so a file readable through one of them alone refuses the fork (`cp -a` does it).
+/// Root may. The class of bits is chosen as the kernel chooses it: the owner's, else
+/// the group's for a caller in the entry's group (its primary group, or one of its
+/// supplementary groups, read from `/proc`: a FUSE request carries only the first),
+/// else the others'; where the supplementary groups cannot be known (a caller in
+/// another PID namespace), only what both the group's and the others' bits allow.
+/// So an entry that shuts its group out (`0604`) is not forked for its members.
 /// The checkpoint's own directory counts, with the bits the mount shows for each
 /// entry ([`crate::fs::checkpoints::shown_perm`]). Refused with `EACCES`, the first
 /// entry refused logged.
@@ -257,6 +260,7 @@ pub(crate) fn may_copy_all(
     let root = index
         .node(crate::archive::index::ROOT)
         .ok_or(FsError::NotFound)?;
+    let groups = crate::fs::checkpoints::supplementary_groups(caller.pid);
     let may = |node: &Node, need: u32| {
         let (uid, gid) = shown.unwrap_or((node.uid, node.gid));
         let mode = crate::fs::checkpoints::shown_perm(root, node, shown, shared);
@@ -265,7 +269,12 @@ pub(crate) fn may_copy_all(
         } else if gid == caller.gid {
             mode >> 3
         } else {
-            mode
+            match &groups {
+                Some(groups) if groups.contains(&gid) => mode >> 3,
+                Some(_) => mode,
+                // Groups unknown: only what both classes allow.
+                None => (mode >> 3) & mode,
+            }
         } & 0o7;
         bits & need == need
     };
@@ -676,7 +685,55 @@ mod tests {
     }
 
     fn may(index: &Index, uid: u32, gid: u32, shown: Option<(u32, u32)>) -> bool {
-        may_copy_all(index, Caller { uid, gid }, shown, true).is_ok()
+        may_copy_all(index, Caller { uid, gid, pid: 0 }, shown, true).is_ok()
+    }
+
+    /// The group's bits for a caller in the entry's group through a supplementary
+    /// group (read from `/proc` for the calling process), even where the others'
+    /// would allow more: a `0604` file of that group was forked for its members,
+    /// whom the mount refuses.
+    #[test]
+    fn a_fork_judges_supplementary_groups_as_the_kernel_does() {
+        // A caller with a supplementary group: a process that setpriv gives group
+        // 4242 (root may; others skip).
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let mut member = std::process::Command::new("setpriv")
+            .args(["--reuid=7", "--regid=7", "--groups=4242", "sleep", "30"])
+            .spawn()
+            .expect("setpriv");
+        let pid = member.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while crate::fs::checkpoints::supplementary_groups(pid) != Some(vec![4242]) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no group 4242 on {pid}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let caller = Caller {
+            uid: 7,
+            gid: 7,
+            pid,
+        };
+        let with_group = |gid: u32, file_mode: u32| {
+            let mut tree = index(0o755, file_mode);
+            tree.nodes[2].gid = gid;
+            tree
+        };
+        let verdicts = [
+            may_copy_all(&with_group(4242, 0o604), caller, None, true).is_ok(),
+            may_copy_all(&with_group(4242, 0o640), caller, None, true).is_ok(),
+            may_copy_all(&with_group(4343, 0o604), caller, None, true).is_ok(),
+        ];
+        let _ = member.kill();
+        let _ = member.wait();
+        assert_eq!(
+            verdicts,
+            [false, true, true],
+            "group 4242's 0604 file refused to its member, 0640 given, another group's 0604 given"
+        );
     }
 
     #[test]
@@ -698,6 +755,10 @@ mod tests {
         assert!(!may(&index(0o755, 0o044), 1, 1, None));
         assert!(!may(&index(0o755, 0o604), 7, 1, None));
         assert!(may(&index(0o755, 0o640), 7, 1, None));
+        // A caller whose supplementary groups cannot be known: only what both the
+        // group's and the others' bits allow (it may be in the entry's group).
+        assert!(!may(&index(0o755, 0o604), 7, 7, None));
+        assert!(may(&index(0o755, 0o644), 7, 7, None));
         // Every entry shown as owned by one user: that user's bits.
         assert!(may(&index(0o700, 0o600), 7, 7, Some((7, 7))));
         assert!(!may(&index(0o700, 0o600), 1, 1, Some((7, 7))));

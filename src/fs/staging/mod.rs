@@ -97,6 +97,10 @@ pub struct SetAttr {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The calling process (0 when it is in another PID namespace): where its
+    /// supplementary groups are read when they matter (a FUSE request carries only
+    /// the primary group).
+    pub pid: u32,
 }
 
 /// Directory descriptors kept open at most: with the open files of `files.rs`, all the

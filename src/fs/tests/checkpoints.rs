@@ -105,7 +105,11 @@ fn every_change_inside_a_checkpoint_is_erofs() {
     let dir = checkpoint_dir(&f.fs, &ids[0]);
     wait_loaded(&f.fs, dir);
     let file = f.fs.lookup(dir, b"a.txt").unwrap().attr.ino;
-    let caller = Caller { uid: 0, gid: 0 };
+    let caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
     let erofs = |r: Result<(), FsError>| assert_eq!(r.unwrap_err().errno(), libc::EROFS);
     erofs(f.fs.open(file, libc::O_WRONLY).map(drop));
     erofs(f.fs.open(file, libc::O_RDONLY | libc::O_TRUNC).map(drop));

@@ -11,7 +11,11 @@ use proptest::prelude::*;
 
 use super::*;
 
-const CALLER: Caller = Caller { uid: 0, gid: 0 };
+const CALLER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Debug, Clone)]

@@ -5,7 +5,11 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
 
 fn seal(fs: &CheckpointFs, name: &[u8]) -> Result<(), FsError> {
     let (tx, rx) = mpsc::channel();
@@ -123,6 +127,7 @@ fn commit_lists_the_newest_seals_only() {
         let caller = Caller {
             uid: 1000,
             gid: 1000,
+            pid: 0,
         };
         f.fs.mkdir(inode::STAGING, b"theirs", 0o755, caller)
             .unwrap();

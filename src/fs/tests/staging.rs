@@ -7,7 +7,11 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::*;
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
 
 fn workspace(fs: &CheckpointFs, name: &[u8]) -> (u64, std::path::PathBuf) {
     let ws = fs.mkdir(inode::STAGING, name, 0o755, ROOT_CALLER).unwrap();
@@ -196,7 +200,11 @@ fn each_file_has_a_generation_of_its_own_shared_by_its_names() {
 #[test]
 fn a_removed_directory_the_kernel_knows_keeps_its_inode() {
     let (f, _) = fixture(&[]);
-    let caller = Caller { uid: 0, gid: 0 };
+    let caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
     let ws =
         f.fs.mkdir(inode::STAGING, b"ws", 0o755, caller)
             .unwrap()

@@ -111,7 +111,11 @@ fn a_failed_listing_keeps_the_previous_one_and_says_why() {
 #[test]
 fn the_virtual_tree_refuses_changes_with_the_right_errno() {
     let (f, _) = fixture(&[&[("a", b"1")]]);
-    let caller = Caller { uid: 0, gid: 0 };
+    let caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
     assert_eq!(
         f.fs.mkdir(inode::ROOT, b"x", 0o755, caller)
             .unwrap_err()
@@ -143,7 +147,17 @@ fn the_virtual_tree_refuses_changes_with_the_right_errno() {
     let setxattr = |ino: u64, name: &[u8]| {
         let (sender, answer) = std::sync::mpsc::channel();
         let done = Box::new(move |result: Result<(), FsError>| sender.send(result).unwrap());
-        f.fs.setxattr(ino, name, b"x", Caller { uid: 0, gid: 0 }, done);
+        f.fs.setxattr(
+            ino,
+            name,
+            b"x",
+            Caller {
+                uid: 0,
+                gid: 0,
+                pid: 0,
+            },
+            done,
+        );
         answer.recv().unwrap().unwrap_err().errno()
     };
     assert_eq!(setxattr(inode::ROOT, b"user.x"), libc::EROFS);
@@ -209,10 +223,19 @@ fn listings_resume_at_the_offsets_they_give() {
     let dir = checkpoint_dir(&f.fs, &ids[0]);
     wait_loaded(&f.fs, dir);
     let ws =
-        f.fs.mkdir(inode::STAGING, b"ws", 0o755, Caller { uid: 0, gid: 0 })
-            .unwrap()
-            .attr
-            .ino;
+        f.fs.mkdir(
+            inode::STAGING,
+            b"ws",
+            0o755,
+            Caller {
+                uid: 0,
+                gid: 0,
+                pid: 0,
+            },
+        )
+        .unwrap()
+        .attr
+        .ino;
     for (name, _) in &files {
         std::fs::write(f.staging_dir.join("ws").join(name), b"").unwrap();
     }
