@@ -325,41 +325,28 @@ fn a_root_daemon_unmounts_its_own_mount_and_nothing_else() {
     );
 }
 
-/// A root daemon mounts on the very directory it checked: with the mount point's name
-/// swapped in a loop (`renameat2` exchange) between an empty directory and a symlink
-/// to a directory that is not empty, a start checked one and mounted on the other
-/// (7 and 8 of 30 starts landed on the non-empty directory, hiding it, before the
-/// daemon held the directory from its check to its mount). A race: correct code never
-/// lands there; the old code would miss it in all 30 starts about twice in 10,000 runs.
-#[test]
-fn a_root_daemon_mounts_on_the_directory_it_checked() {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// Exchanges two names (`renameat2(RENAME_EXCHANGE)`) in a loop on a thread of its
+/// own, as an attacker racing a check and an action would, until dropped.
+struct Swapper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
-    let store = TestStore::local();
-    let work = repo_temp_dir("swap-");
-    make_small_tree(&work.path().join("src"), "swap");
-    store.put(&work.path().join("src"), &[]);
-    let victim = work.path().join("victim");
-    fs::create_dir(&victim).unwrap();
-    fs::write(victim.join("config"), b"root's\n").unwrap();
-    let (m, alt) = (work.path().join("m"), work.path().join("m_alt"));
-    fs::create_dir(&m).unwrap();
-    std::os::unix::fs::symlink(&victim, &alt).unwrap();
-
-    let (stop, paused) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let swapper = {
-        let (stop, paused) = (Arc::clone(&stop), Arc::clone(&paused));
-        let a = CString::new(m.as_os_str().as_bytes()).unwrap();
-        let b = CString::new(alt.as_os_str().as_bytes()).unwrap();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if paused.load(Ordering::Relaxed) {
+impl Swapper {
+    fn start(a: &Path, b: &Path, paused: bool) -> Swapper {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let pause = Arc::new(AtomicBool::new(paused));
+        let a = CString::new(a.as_os_str().as_bytes()).unwrap();
+        let b = CString::new(b.as_os_str().as_bytes()).unwrap();
+        let (stopped, held) = (Arc::clone(&stop), Arc::clone(&pause));
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                if held.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(1));
                     continue;
                 }
@@ -375,8 +362,53 @@ fn a_root_daemon_mounts_on_the_directory_it_checked() {
                     );
                 }
             }
-        })
-    };
+        });
+        Swapper {
+            stop,
+            paused: pause,
+            thread: Some(thread),
+        }
+    }
+
+    /// Holds the swapping (and lets a swap under way end) or lets it go on.
+    fn hold(&self, held: bool) {
+        self.paused
+            .store(held, std::sync::atomic::Ordering::Relaxed);
+        if held {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Swapper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A root daemon mounts on the very directory it checked: with the mount point's name
+/// swapped in a loop (`renameat2` exchange) between an empty directory and a symlink
+/// to a directory that is not empty, a start checked one and mounted on the other
+/// (7 and 8 of 30 starts landed on the non-empty directory, hiding it, before the
+/// daemon held the directory from its check to its mount). A race: correct code never
+/// lands there; the old code would miss it in all 30 starts about twice in 10,000 runs.
+#[test]
+fn a_root_daemon_mounts_on_the_directory_it_checked() {
+    let store = TestStore::local();
+    let work = repo_temp_dir("swap-");
+    make_small_tree(&work.path().join("src"), "swap");
+    store.put(&work.path().join("src"), &[]);
+    let victim = work.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("config"), b"root's\n").unwrap();
+    let (m, alt) = (work.path().join("m"), work.path().join("m_alt"));
+    fs::create_dir(&m).unwrap();
+    std::os::unix::fs::symlink(&victim, &alt).unwrap();
+
+    let swapper = Swapper::start(&m, &alt, false);
     let mut on_victim = 0;
     for attempt in 0..30 {
         let out = run(ckptfs()
@@ -385,8 +417,7 @@ fn a_root_daemon_mounts_on_the_directory_it_checked() {
             .arg(&m)
             .arg("--cache-dir")
             .arg(work.path().join(format!("cache{attempt}"))));
-        paused.store(true, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(5));
+        swapper.hold(true);
         if mount_entry(&victim).is_some() {
             on_victim += 1;
             let _ = Command::new("umount").arg("-l").arg(&victim).status();
@@ -400,10 +431,9 @@ fn a_root_daemon_mounts_on_the_directory_it_checked() {
             let pid = daemon_pid_of(&out);
             assert!(gone_soon(pid), "daemon {pid} still runs after its unmount");
         }
-        paused.store(false, Ordering::Relaxed);
+        swapper.hold(false);
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
+    drop(swapper);
     assert_eq!(on_victim, 0, "mounted over the non-empty directory");
     assert_eq!(fs::read(victim.join("config")).unwrap(), b"root's\n");
 }
@@ -415,11 +445,6 @@ fn a_root_daemon_mounts_on_the_directory_it_checked() {
 /// third and fifth tries). A race: correct code never detaches the live mount.
 #[test]
 fn a_root_daemon_detaches_the_dead_mount_it_probed_and_no_other() {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     let store = TestStore::local();
     let work = repo_temp_dir("dead-swap-");
     make_small_tree(&work.path().join("src"), "dead");
@@ -434,32 +459,7 @@ fn a_root_daemon_detaches_the_dead_mount_it_probed_and_no_other() {
     let dead_point = dead_home.join("shm");
     let _unmount = LazyUnmount(dead_point.clone());
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let paused = Arc::new(AtomicBool::new(true));
-    let swapper = {
-        let (stop, paused) = (Arc::clone(&stop), Arc::clone(&paused));
-        let a = CString::new(x.as_os_str().as_bytes()).unwrap();
-        let b = CString::new(y.as_os_str().as_bytes()).unwrap();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if paused.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                }
-                // SAFETY: two valid C strings; renameat2 has no other preconditions.
-                unsafe {
-                    libc::syscall(
-                        libc::SYS_renameat2,
-                        libc::AT_FDCWD,
-                        a.as_ptr(),
-                        libc::AT_FDCWD,
-                        b.as_ptr(),
-                        libc::RENAME_EXCHANGE,
-                    );
-                }
-            }
-        })
-    };
+    let swapper = Swapper::start(&x, &y, true);
     for attempt in 0..20 {
         // A dead mount on A/shm: a daemon killed.
         let out = run(ckptfs()
@@ -473,15 +473,14 @@ fn a_root_daemon_detaches_the_dead_mount_it_probed_and_no_other() {
         // SAFETY: kill has no memory-safety preconditions.
         assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
         assert!(gone_soon(pid));
-        paused.store(false, Ordering::Relaxed);
+        swapper.hold(false);
         let out = run(ckptfs()
             .arg("mount")
             .arg(store.url())
             .arg(x.join("shm"))
             .arg("--cache-dir")
             .arg(work.path().join(format!("again{attempt}"))));
-        paused.store(true, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(5));
+        swapper.hold(true);
         assert!(
             live.still_mounted(),
             "attempt {attempt} detached the live mount: {out}"
@@ -494,6 +493,4 @@ fn a_root_daemon_detaches_the_dead_mount_it_probed_and_no_other() {
             run(Command::new("umount").arg("-l").arg(&dead_point)).success();
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
 }
