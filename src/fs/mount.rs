@@ -53,7 +53,8 @@ pub struct MountOptions {
 }
 
 /// A mounted filesystem, not yet serving requests: [`Session::run`] serves them until
-/// the mount goes away. Dropped without running, it unmounts.
+/// the mount goes away. Dropped without running, a mount fuser made is unmounted; a
+/// root daemon's is left for [`Unmounter`] (fuser would unmount it by path).
 pub struct Session {
     session: fuser::Session<FuseAdapter>,
     /// Where a root daemon mounted (`None`: fuser and `fusermount3` did).
@@ -136,17 +137,7 @@ impl MountPoint {
     pub fn open(path: &Path) -> io::Result<MountPoint> {
         let (parent, name) = open_parent(path)?;
         let dir = crate::beneath::open_dir(&parent, &name)?;
-        let stat = rfs::statx(
-            &dir,
-            "",
-            AtFlags::EMPTY_PATH | AtFlags::NO_AUTOMOUNT,
-            StatxFlags::BASIC_STATS,
-        )?;
-        if stat
-            .stx_attributes_mask
-            .contains(StatxAttributes::MOUNT_ROOT)
-            && stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
-        {
+        if mount_root_at(&dir, OsStr::new(""))?.0 {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "the mount point is already a mount point",
@@ -249,17 +240,16 @@ fn is_mount_of(parent: impl AsFd, name: &OsStr, dev: Option<u64>) -> io::Result<
     Ok(root && dev.is_none_or(|dev| dev == device))
 }
 
-/// Whether `name` in `parent` (never a symlink's target) is a mount's root, and the
-/// device of its filesystem. From what the kernel holds: asking for no attribute and
-/// not to sync sends a FUSE daemon no request (it may not serve yet, or be gone), and
-/// is answered for another user's FUSE mount too.
+/// Whether `name` in `parent` (never a symlink's target; `parent` itself for an empty
+/// name) is a mount's root, and the device of its filesystem. From what the kernel
+/// holds: asking for no attribute and not to sync sends a FUSE daemon no request (it
+/// may not serve yet, or be gone), and is answered for another user's FUSE mount too.
 fn mount_root_at(parent: impl AsFd, name: &OsStr) -> io::Result<(bool, u64)> {
-    let stat = rfs::statx(
-        parent,
-        name,
-        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC,
-        StatxFlags::empty(),
-    )?;
+    let flags = AtFlags::EMPTY_PATH
+        | AtFlags::SYMLINK_NOFOLLOW
+        | AtFlags::NO_AUTOMOUNT
+        | AtFlags::STATX_DONT_SYNC;
+    let stat = rfs::statx(parent, name, flags, StatxFlags::empty())?;
     let root = stat
         .stx_attributes_mask
         .contains(StatxAttributes::MOUNT_ROOT)
@@ -374,14 +364,7 @@ pub fn detach_if_dead(mountpoint: &Path) -> Result<Option<&'static str>, String>
         Err(e) if dead(e) => {}
         _ => return Ok(None),
     }
-    let device = rfs::statx(
-        &root,
-        "",
-        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-        StatxFlags::empty(),
-    )
-    .map(|stat| rustix::fs::makedev(stat.stx_dev_major, stat.stx_dev_minor))
-    .map_err(|e| format!("statx: {e}"))?;
+    let (_, device) = mount_root_at(&root, OsStr::new("")).map_err(|e| format!("statx: {e}"))?;
     if !is_mount_of(&parent, &name, Some(device)).map_err(|e| format!("statx: {e}"))? {
         return Err("the mount point changed while it was being checked".into());
     }
