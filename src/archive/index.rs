@@ -193,6 +193,10 @@ struct Builder<'a> {
     default_mtime: i64,
     /// For copying large files (one allocation per archive, not per file).
     buf: Vec<u8>,
+    /// A file's first bytes, read whole before it is known to be small (one
+    /// allocation per archive: growing a new vector per file took a tenth of the
+    /// indexing of 100,000 tiny files).
+    head: Vec<u8>,
     /// The previous entry's parent and the previous hard link's target directory, for
     /// [`Tally::reentered`].
     previous_parent: PreviousPath,
@@ -214,6 +218,7 @@ pub fn build(
         unpacked: 0,
         default_mtime,
         buf: Vec::new(),
+        head: Vec::with_capacity(OWN_FILE_THRESHOLD as usize + 64),
         previous_parent: PreviousPath::default(),
         previous_target: PreviousPath::default(),
     };
@@ -457,23 +462,24 @@ impl Builder<'_> {
     ) -> Result<(u64, FileLocation, u64), ArchiveError> {
         let mut hasher = Xxh3::new();
         // Small files are read whole first, so that they can go into the pack.
-        let mut head = Vec::new();
+        let head = &mut self.head;
+        head.clear();
         entry
             .take(OWN_FILE_THRESHOLD)
-            .read_to_end(&mut head)
+            .read_to_end(head)
             .map_err(ArchiveError::Corrupt)?;
         let mut size = head.len() as u64;
         tally.bytes(size)?;
-        hasher.update(&head);
+        hasher.update(head);
         if size < OWN_FILE_THRESHOLD {
-            let offset = self.sink.pack(&head).map_err(cache_error)?;
+            let offset = self.sink.pack(head).map_err(cache_error)?;
             self.unpacked += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
         let buf = &mut self.buf;
         buf.resize(256 * 1024, 0);
         let mut file = self.sink.own_file(node).map_err(cache_error)?;
-        file.write_all(&head).map_err(cache_error)?;
+        file.write_all(head).map_err(cache_error)?;
         loop {
             let n = match entry.read(buf) {
                 Ok(0) => break,

@@ -284,6 +284,9 @@ pub fn for_each_entry<R: Read>(
         budget: Rc::clone(&budget),
     });
     let mut tally = Tally::new(limits);
+    // One buffer for every entry's unread rest: zeroing 64 KiB per entry cost a
+    // quarter of the indexing of 100,000 tiny files.
+    let mut rest = vec![0u8; 64 * 1024];
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     loop {
         budget.set(MAX_METADATA);
@@ -301,7 +304,7 @@ pub fn for_each_entry<R: Read>(
             tally.metadata(entry.path_bytes().len() + link)?;
             each(&mut entry, &mut tally)?;
         }
-        drain(&mut entry, &mut tally)?;
+        drain(&mut entry, &mut rest, &mut tally)?;
     }
     Ok(tally)
 }
@@ -332,10 +335,9 @@ fn check_names<R: Read>(entry: &Entry<'_, R>) -> Result<(), ArchiveError> {
 }
 
 /// Reads the rest of an entry's data, counting it.
-fn drain(entry: &mut impl Read, tally: &mut Tally) -> Result<(), ArchiveError> {
-    let mut buf = [0u8; 64 * 1024];
+fn drain(entry: &mut impl Read, buf: &mut [u8], tally: &mut Tally) -> Result<(), ArchiveError> {
     loop {
-        match entry.read(&mut buf) {
+        match entry.read(buf) {
             Ok(0) => return Ok(()),
             Ok(n) => tally.bytes(n as u64)?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

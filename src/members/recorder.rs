@@ -270,10 +270,24 @@ impl Recorder {
     }
 }
 
+/// How many zero bytes `bytes` starts with.
+fn zeros_at(bytes: &[u8]) -> usize {
+    let words = bytes
+        .chunks_exact(8)
+        .take_while(|word| word.iter().all(|&b| b == 0))
+        .count();
+    let tail = &bytes[words * 8..];
+    words * 8 + tail.iter().take_while(|&&b| b == 0).count()
+}
+
 /// Splits raw tar bytes into runs of zeros (padding, empty header fields) and the rest.
+/// A raw piece ends where a run of at least [`ZERO_RUN`] zeros starts, or a run of
+/// zeros that ends the bytes. (Every header and its padding of a load passes here:
+/// the zeros are counted eight bytes at a time, and the raw bytes skipped to the
+/// next zero.)
 pub(super) fn raw_pieces(mut bytes: &[u8], out: &mut Vec<Piece>) {
     while !bytes.is_empty() {
-        let zeros = bytes.iter().take_while(|&&b| b == 0).count();
+        let zeros = zeros_at(bytes);
         if zeros >= ZERO_RUN || zeros == bytes.len() {
             out.push(Piece::Zeros(zeros as u64));
             bytes = &bytes[zeros..];
@@ -281,12 +295,18 @@ pub(super) fn raw_pieces(mut bytes: &[u8], out: &mut Vec<Piece>) {
         }
         // Up to the next run of zeros long enough to be worth its own piece.
         let mut end = zeros;
-        while end < bytes.len() {
-            let run = bytes[end..].iter().take_while(|&&b| b == 0).count();
-            if run >= ZERO_RUN || end + run == bytes.len() && run > 0 {
+        loop {
+            let Some(next) = bytes[end..].iter().position(|&b| b == 0) else {
+                end = bytes.len();
+                break;
+            };
+            let at = end + next;
+            let run = zeros_at(&bytes[at..]);
+            if run >= ZERO_RUN || at + run == bytes.len() {
+                end = at;
                 break;
             }
-            end += run.max(1);
+            end = at + run;
         }
         match out.last_mut() {
             Some(Piece::Raw(raw)) => raw.extend_from_slice(&bytes[..end]),

@@ -982,3 +982,62 @@ fn large_files_the_cache_holds_are_linked_unwritten() {
     }
     assert_eq!(shared, 2, "a and b held once by both entries");
 }
+
+/// The split of raw tar bytes the recorder made before it counted zeros a word at a
+/// time: the reference its faster scan must match exactly.
+fn raw_pieces_bytewise(mut bytes: &[u8]) -> Vec<(bool, Vec<u8>)> {
+    let mut out: Vec<(bool, Vec<u8>)> = Vec::new();
+    while !bytes.is_empty() {
+        let zeros = bytes.iter().take_while(|&&b| b == 0).count();
+        if zeros >= ZERO_RUN || zeros == bytes.len() {
+            out.push((true, vec![0; zeros]));
+            bytes = &bytes[zeros..];
+            continue;
+        }
+        let mut end = zeros;
+        while end < bytes.len() {
+            let run = bytes[end..].iter().take_while(|&&b| b == 0).count();
+            if run >= ZERO_RUN || end + run == bytes.len() && run > 0 {
+                break;
+            }
+            end += run.max(1);
+        }
+        match out.last_mut() {
+            Some((false, raw)) => raw.extend_from_slice(&bytes[..end]),
+            _ => out.push((false, bytes[..end].to_vec())),
+        }
+        bytes = &bytes[end..];
+    }
+    out
+}
+
+proptest::proptest! {
+    #[test]
+    fn raw_pieces_split_as_the_bytewise_scan_did(
+        runs in proptest::collection::vec((0usize..140, 0usize..20, proptest::bool::ANY), 0..12),
+    ) {
+        // Runs of zeros of every length around ZERO_RUN, between raw bytes.
+        let mut bytes = Vec::new();
+        for (zeros, raw, zeros_first) in runs {
+            let raw = (1..=raw).map(|i| (i % 251 + 1) as u8);
+            if zeros_first {
+                bytes.extend(std::iter::repeat_n(0u8, zeros));
+                bytes.extend(raw);
+            } else {
+                bytes.extend(raw);
+                bytes.extend(std::iter::repeat_n(0u8, zeros));
+            }
+        }
+        let mut pieces = Vec::new();
+        raw_pieces(&bytes, &mut pieces);
+        let got: Vec<(bool, Vec<u8>)> = pieces
+            .into_iter()
+            .map(|piece| match piece {
+                Piece::Zeros(n) => (true, vec![0; n as usize]),
+                Piece::Raw(raw) => (false, raw),
+                Piece::Contents { .. } => unreachable!("raw bytes hold no contents"),
+            })
+            .collect();
+        proptest::prop_assert_eq!(got, raw_pieces_bytewise(&bytes));
+    }
+}
