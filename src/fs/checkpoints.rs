@@ -561,10 +561,13 @@ impl Subtree for Checkpoints {
         let root = checkpoint.index.node(0).ok_or(FsError::NotFound)?;
         for (i, (name, child)) in children.iter().enumerate().skip(skipped) {
             let child_node = checkpoint.index.node(*child).ok_or(FsError::NotFound)?;
+            let attr = self.node_attr(slot, *child, child_node, root);
             let entry = DirEntry {
-                ino: Inode::Node { slot, node: *child }.encode(),
-                kind: self.node_attr(slot, *child, child_node, root).kind,
+                ino: attr.ino,
+                kind: attr.kind,
                 name: name.clone(),
+                // What `lookup` of the name gives.
+                found: Some(self.entry_in(root, attr)),
             };
             if add(&entry, i as u64 + 3) {
                 break;

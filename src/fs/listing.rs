@@ -129,6 +129,7 @@ fn dir_entry(ino: u64, kind: FileKind, name: &[u8]) -> DirEntry {
         ino,
         kind,
         name: name.to_vec(),
+        found: None,
     }
 }
 

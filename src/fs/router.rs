@@ -349,7 +349,11 @@ impl CheckpointFs {
             if entry.name == b"." || entry.name == b".." {
                 return add(entry, None, next);
             }
-            let found = match self.lookup(ino, &entry.name) {
+            let looked_up = match entry.found {
+                Some(found) => Ok(found),
+                None => self.lookup(ino, &entry.name),
+            };
+            let found = match looked_up {
                 Ok(found) => found,
                 // Gone since the listing was read: the listing goes on without it, as
                 // a local directory's would.

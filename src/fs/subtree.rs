@@ -66,6 +66,10 @@ pub struct DirEntry {
     pub ino: u64,
     pub kind: FileKind,
     pub name: Vec<u8>,
+    /// The entry as a lookup of its name would give it, where the listing has it at
+    /// hand (a checkpoint's, which never changes): `readdirplus` then makes no lookup
+    /// of its own, which took two thirds of its time on 100,000 files.
+    pub found: Option<Entry>,
 }
 
 /// The handle of reads of files that were not opened through the daemon (see
@@ -149,6 +153,7 @@ pub fn dot_entries(ino: u64, parent: u64) -> [DirEntry; 2] {
         ino,
         kind: FileKind::Directory,
         name: name.to_vec(),
+        found: None,
     };
     [dir(ino, b"."), dir(parent, b"..")]
 }

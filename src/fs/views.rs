@@ -297,6 +297,7 @@ impl Subtree for Views {
                         ino: Inode::CommitLink { index }.encode(),
                         kind: FileKind::Symlink,
                         name,
+                        found: None,
                     });
                 }
                 commit = entries;

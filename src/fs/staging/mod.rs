@@ -436,6 +436,7 @@ impl StagingTree {
                 ino: entry_ino,
                 kind: file_kind(entry.file_type()),
                 name: name.to_vec(),
+                found: None,
             };
             if add(&listed, entry.offset() as u64) {
                 break;

@@ -361,3 +361,28 @@ fn handles_past_the_bound_hold_no_descriptor_and_still_read() {
     assert!(again.backing.is_some());
     f.fs.release(again.fh);
 }
+
+#[test]
+fn readdirplus_of_a_checkpoint_gives_what_a_lookup_of_each_name_gives() {
+    let big = vec![3u8; 100_000];
+    let (f, ids) = fixture(&[&[("a.txt", b"one"), ("big", &big), ("dir/b.txt", b"two")]]);
+    let dir = checkpoint_dir(&f.fs, &ids[0]);
+    wait_loaded(&f.fs, dir);
+    let sub = f.fs.lookup(dir, b"dir").unwrap().attr.ino;
+    for ino in [dir, sub] {
+        let mut listed = Vec::new();
+        f.fs.readdirplus(ino, 0, &mut |entry, found, _| {
+            listed.push((entry.name.clone(), found.copied()));
+            false
+        })
+        .unwrap();
+        assert_eq!(listed.len(), names(&f.fs, ino).len());
+        for (name, found) in listed {
+            if name == b"." || name == b".." {
+                assert_eq!(found, None);
+                continue;
+            }
+            assert_eq!(found, Some(f.fs.lookup(ino, &name).unwrap()), "{name:?}");
+        }
+    }
+}
