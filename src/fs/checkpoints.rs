@@ -567,7 +567,7 @@ impl Subtree for Checkpoints {
                 kind: attr.kind,
                 name: name.clone(),
                 // What `lookup` of the name gives.
-                found: Some(self.entry_in(root, attr)),
+                found: Some(Box::new(self.entry_in(root, attr))),
             };
             if add(&entry, i as u64 + 3) {
                 break;

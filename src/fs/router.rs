@@ -349,8 +349,8 @@ impl CheckpointFs {
             if entry.name == b"." || entry.name == b".." {
                 return add(entry, None, next);
             }
-            let looked_up = match entry.found {
-                Some(found) => Ok(found),
+            let looked_up = match &entry.found {
+                Some(found) => Ok(**found),
                 None => self.lookup(ino, &entry.name),
             };
             let found = match looked_up {

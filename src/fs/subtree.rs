@@ -68,8 +68,9 @@ pub struct DirEntry {
     pub name: Vec<u8>,
     /// The entry as a lookup of its name would give it, where the listing has it at
     /// hand (a checkpoint's, which never changes): `readdirplus` then makes no lookup
-    /// of its own, which took two thirds of its time on 100,000 files.
-    pub found: Option<Entry>,
+    /// of its own, which took two thirds of its time on 100,000 files. Boxed: the
+    /// root's listings keep a `DirEntry` per checkpoint, without one.
+    pub found: Option<Box<Entry>>,
 }
 
 /// The handle of reads of files that were not opened through the daemon (see
