@@ -29,7 +29,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::{
     ArchiveError, Entry, EntryMeta, Limits, PreviousPath, Tally, clean_path, display_path,
-    entry_meta,
+    entry_meta, fill,
 };
 
 /// Files at least this large are stored in a file of their own. Files of their own
@@ -191,13 +191,10 @@ struct Builder<'a> {
     /// Bytes of file contents written so far.
     unpacked: u64,
     default_mtime: i64,
-    /// For copying large files (one allocation per archive, not per file).
+    /// For reading file contents: a small file whole, a large one in pieces. One
+    /// allocation, zeroed once, per archive: a vector grown per file (and zeroed by
+    /// `read_to_end` at each call) took a tenth of the indexing of 100,000 tiny files.
     buf: Vec<u8>,
-    /// A file's first [`OWN_FILE_THRESHOLD`] bytes, read whole before it is known to
-    /// be small: allocated and zeroed once per archive (a new vector grown per file
-    /// took a tenth of the indexing of 100,000 tiny files, and `read_to_end` zeroes
-    /// the room it reads into at each call).
-    head: Vec<u8>,
     /// The previous entry's parent and the previous hard link's target directory, for
     /// [`Tally::reentered`].
     previous_parent: PreviousPath,
@@ -218,8 +215,7 @@ pub fn build(
         children: Vec::new(),
         unpacked: 0,
         default_mtime,
-        buf: Vec::new(),
-        head: vec![0; OWN_FILE_THRESHOLD as usize],
+        buf: vec![0; 256 * 1024],
         previous_parent: PreviousPath::default(),
         previous_target: PreviousPath::default(),
     };
@@ -462,17 +458,11 @@ impl Builder<'_> {
         tally: &mut Tally,
     ) -> Result<(u64, FileLocation, u64), ArchiveError> {
         let mut hasher = Xxh3::new();
+        let buf = &mut self.buf;
         // Small files are read whole first, so that they can go into the pack.
-        let mut filled = 0;
-        while filled < self.head.len() {
-            match entry.read(&mut self.head[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ArchiveError::Corrupt(e)),
-            }
-        }
-        let head = &self.head[..filled];
+        let filled =
+            fill(entry, &mut buf[..OWN_FILE_THRESHOLD as usize]).map_err(ArchiveError::Corrupt)?;
+        let head = &buf[..filled];
         let mut size = head.len() as u64;
         tally.bytes(size)?;
         hasher.update(head);
@@ -481,17 +471,13 @@ impl Builder<'_> {
             self.unpacked += size;
             return Ok((size, FileLocation::Packed { offset }, hasher.digest()));
         }
-        let buf = &mut self.buf;
-        buf.resize(256 * 1024, 0);
         let mut file = self.sink.own_file(node).map_err(cache_error)?;
         file.write_all(head).map_err(cache_error)?;
         loop {
-            let n = match entry.read(buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(ArchiveError::Corrupt(e)),
-            };
+            let n = fill(entry, buf).map_err(ArchiveError::Corrupt)?;
+            if n == 0 {
+                break;
+            }
             size += n as u64;
             tally.bytes(n as u64)?;
             hasher.update(&buf[..n]);

@@ -337,13 +337,27 @@ fn check_names<R: Read>(entry: &Entry<'_, R>) -> Result<(), ArchiveError> {
 /// Reads the rest of an entry's data, counting it.
 fn drain(entry: &mut impl Read, buf: &mut [u8], tally: &mut Tally) -> Result<(), ArchiveError> {
     loop {
-        match entry.read(buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => tally.bytes(n as u64)?,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ArchiveError::Corrupt(e)),
+        match fill(entry, buf).map_err(ArchiveError::Corrupt)? {
+            0 => return Ok(()),
+            n => tally.bytes(n as u64)?,
         }
     }
+}
+
+/// Reads into `buf` until it is full or `reader` ends; returns the bytes read.
+/// (`read_exact` fails at the end, and `read_to_end` zeroes the room it reads into
+/// at each call.)
+pub(crate) fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// A tar path split into its normal components, or the reason it is refused.
