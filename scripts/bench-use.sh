@@ -35,6 +35,8 @@
 #   BENCH_SHARED=1      also measure the default mount with --allow-other (which checks
 #                       directory opens and private checkpoints' entries in the daemon)
 #   BENCH_FS            "fresh" (default as root) or "here" (the work directory's own disk)
+#   BENCH_HALT_POLL_NS  on a KVM guest, as root: let idle CPUs poll this long (e.g.
+#                       200000) before halting, for the run only (scripts/lib/bench.sh)
 #   BENCH_DIR, BENCH_KEEP, CKPTFS_BIN   as for the other benchmarks (scripts/lib/bench.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +53,7 @@ CKPTFS_GLOBAL=(--max-archive-size 2GiB)
 bench_init use
 bench_deps
 bench_data_dir 24G
+bench_halt_poll
 MNT="$WORK/mnt"
 CACHE="$DATA/cache"
 LOCAL_DIR="$DATA/local"

@@ -20,6 +20,9 @@
 #   vmhwm PID           peak RSS (KiB) of a live process, from /proc/PID/status
 #   reset_hwm PID       reset that peak to the current RSS (/proc/PID/clear_refs)
 #   proc_cpu PID        CPU seconds (user + system, all threads) a live process used
+#   bench_halt_poll     with BENCH_HALT_POLL_NS set (root, a KVM guest's haltpoll
+#                       driver): idle CPUs poll that long before halting, for the run
+#                       only; the value before is put back on exit
 
 BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CKPTFS_ROOT="$BENCH_ROOT"
@@ -32,6 +35,8 @@ BENCH_PIDS=()        # processes we started (daemons) to stop on exit, by PID
 WORK=""
 STEPS=""
 RES=""
+HALT_POLL=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+HALT_POLL_WAS=""     # guest_halt_poll_ns before bench_halt_poll, put back on exit
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -93,6 +98,7 @@ bench_cleanup() {
     for p in "${BENCH_PIDS[@]}"; do
         _stop_pid "$p"
     done
+    [ -n "$HALT_POLL_WAS" ] && echo "$HALT_POLL_WAS" >"$HALT_POLL"
     [ -n "$WORK" ] && _unmount_under "$WORK"
     moto_stop 2>/dev/null
     if [ -n "$WORK" ] && [ -d "$WORK" ]; then
@@ -352,10 +358,21 @@ md_header() {
     local out="|" c; for c in "$@"; do out+=" --- |"; done; echo "$out"
 }
 
+# A wake-up of a halted virtual CPU is an interrupt between CPUs and a VM exit, and a
+# FUSE request makes two (BENCHMARKS.md section 7): this measures the daemon as on a
+# host whose idle CPUs poll first.
+bench_halt_poll() {
+    [ -n "${BENCH_HALT_POLL_NS:-}" ] || return 0
+    [ -w "$HALT_POLL" ] || die "BENCH_HALT_POLL_NS needs root and the haltpoll driver ($HALT_POLL)"
+    HALT_POLL_WAS="$(cat "$HALT_POLL")"
+    echo "$BENCH_HALT_POLL_NS" >"$HALT_POLL"
+}
+
 machine_line() {
     local cpu mem disk
     cpu="$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
     mem="$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
     disk="$(df -hT "$WORK" | awk 'NR == 2 { print $2 " on " $1 }')"
-    echo "$(nproc) CPU ($cpu), $mem RAM, kernel $(uname -r), work dir on $disk"
+    echo "$(nproc) CPU ($cpu), $mem RAM, kernel $(uname -r), work dir on $disk$(
+        [ -r "$HALT_POLL" ] && echo ", guest_halt_poll_ns $(cat "$HALT_POLL")")"
 }
