@@ -344,7 +344,8 @@ fn drain(entry: &mut impl Read, buf: &mut [u8], tally: &mut Tally) -> Result<(),
     }
 }
 
-/// Reads into `buf` until it is full or `reader` ends; returns the bytes read.
+/// Reads into `buf` until it is full or `reader` ends; returns the bytes read (the
+/// archive reader's entries, and the cache's comparison of two files).
 /// (`read_exact` fails at the end, and `read_to_end` zeroes the room it reads into
 /// at each call.)
 pub(crate) fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {

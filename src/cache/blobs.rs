@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::archive::fill;
+
 pub struct Blobs {
     dir: PathBuf,
     /// The blobs whose bytes this process wrote or compared; held while linking to a
@@ -247,8 +249,8 @@ pub(crate) fn same_contents(mut a: impl Read, mut b: impl Read) -> io::Result<bo
     // On the stack: zeroed fresh heap buffers cost more than the comparison.
     let (mut x, mut y) = ([0u8; 64 << 10], [0u8; 64 << 10]);
     loop {
-        let n = read_full(&mut a, &mut x)?;
-        if n != read_full(&mut b, &mut y)? || x[..n] != y[..n] {
+        let n = fill(&mut a, &mut x)?;
+        if n != fill(&mut b, &mut y)? || x[..n] != y[..n] {
             return Ok(false);
         }
         if n == 0 {
@@ -291,16 +293,4 @@ impl Read for ReadAt<'_> {
         self.at += n as u64;
         Ok(n)
     }
-}
-
-/// Reads until `buf` is full or the end; how much was read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match r.read(&mut buf[filled..])? {
-            0 => break,
-            n => filled += n,
-        }
-    }
-    Ok(filled)
 }
